@@ -1,0 +1,114 @@
+/*
+ * backend.h: the interface every device backend implements.
+ *
+ * A backend is a table of functions chosen at start-up by name (--backend);
+ * which backends exist is decided at build time (the CPU backend everywhere,
+ * the Metal backend, runner.m, on macOS). This header is plain C with opaque
+ * handles: only a backend's own file knows its device types.
+ *
+ * Conventions: functions return 0 (or a non-NULL handle) on success and -1
+ * (or NULL) on failure, after writing a one-line message of at most
+ * BE_ERR_MAX bytes into err, which the session sends to the client as the
+ * Rerror text. The session validates every handle, offset and length before
+ * it calls a backend, so backends may trust their arguments.
+ *
+ * Threading: open() is called once, before any session. Every other call is
+ * made by the thread serving one session, with that session's context; calls
+ * for different sessions may run concurrently (thread isolation), so shared
+ * state such as a compiled-pipeline cache needs its own lock.
+ */
+#ifndef METAL_RUNNER_BACKEND_H
+#define METAL_RUNNER_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BE_ERR_MAX 512
+
+/* How sessions are isolated from each other, see server.c. */
+enum be_isolation {
+	BE_ISOLATE_PROCESS = 1,	/* one forked process per session */
+	BE_ISOLATE_THREAD = 2	/* one thread per session, one process */
+};
+
+struct be_info {
+	uint16_t backend;	/* PROTO_BACKEND_* */
+	uint16_t caps;		/* PROTO_CAP_* the backend supports */
+	uint32_t ncores;	/* threads a CPU kernel may use (core_id range) */
+	uint64_t memory;	/* bytes of device memory a client may use */
+	uint64_t maxbuf;	/* largest single buffer */
+	char name[64];		/* device name */
+	char arch[16];		/* "x86_64", "arm64", or the GPU family "Apple9" */
+	char cpu[32];		/* CPU backends: the -march/-mcpu to compile for */
+	char features[128];	/* CPU backends: extra target features, "+a,-b" */
+};
+
+struct be_session;	/* per-session backend state (command queue, threads) */
+struct be_buffer;	/* device memory */
+struct be_program;	/* a loaded, ready-to-launch kernel */
+
+/* What a client sends to load a program (fields of Tload, checked). */
+struct be_program_desc {
+	uint16_t kind;		/* PROTO_PROG_* */
+	uint16_t arch;		/* PROTO_ARCH_* for CPU images */
+	uint16_t nbufs;		/* buffer arguments the kernel takes */
+	uint16_t nvals;		/* integer arguments after the buffers */
+	uint16_t corearg;	/* argument index of core_id, or PROTO_NO_CORE */
+	uint32_t entry;		/* CPU images: entry point offset in data */
+	const char *name;	/* kernel function name, NUL-terminated */
+	const uint8_t *data;	/* the image, metallib or source */
+	size_t datalen;
+};
+
+/* One launch with every handle already resolved by the session. */
+struct be_launch {
+	struct be_program *prog;
+	uint16_t nbufs;
+	uint16_t nvals;
+	struct be_buffer **bufs;	/* nbufs buffers */
+	const uint64_t *offsets;	/* nbufs byte offsets, each <= buffer size */
+	const int64_t *vals;		/* nvals integer arguments */
+	uint32_t global[3];
+	uint32_t local[3];
+};
+
+struct backend {
+	const char *name;		/* "cpu", "metal" */
+	enum be_isolation isolation;	/* default isolation for this backend */
+
+	/* Open the device once; fill info. */
+	int (*open)(struct be_info *info, const char *device, char *err);
+	/* Release the device at shutdown. */
+	void (*close)(void);
+
+	struct be_session *(*session_open)(char *err);
+	/* Waits for the session's work, then frees its per-session state. */
+	void (*session_close)(struct be_session *s);
+
+	struct be_buffer *(*alloc)(struct be_session *s, uint64_t size, char *err);
+	void (*free)(struct be_session *s, struct be_buffer *b);
+	/* Host-visible memory of the buffer. The session reads from and writes
+	 * to the socket straight into it, after wait_idle(). */
+	void *(*contents)(struct be_buffer *b);
+	int (*copy)(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
+	    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err);
+
+	struct be_program *(*load)(struct be_session *s,
+	    const struct be_program_desc *d, char *err);
+	void (*unload)(struct be_session *s, struct be_program *p);
+
+	/* Launch n kernels in order (n > 1 for a graph). With wait set, return
+	 * only when they finished and store the device-measured time in *ns. */
+	int (*launch)(struct be_session *s, const struct be_launch *l, size_t n,
+	    int wait, uint64_t *ns, char *err);
+	/* Wait for all work the session submitted; report a deferred device
+	 * error (a kernel that failed after launch returned). */
+	int (*sync)(struct be_session *s, char *err);
+};
+
+extern const struct backend be_cpu;
+#ifdef __APPLE__
+extern const struct backend be_metal;
+#endif
+
+#endif

@@ -1,0 +1,320 @@
+/*
+ * protocol.h: the metal_runner wire protocol, version 1, as C structs.
+ *
+ * protocol.md is the specification; this file is its C form. Every integer on
+ * the wire is little-endian. Each struct below is naturally aligned and lists
+ * its padding explicitly, so on a little-endian host its memory layout is
+ * exactly its wire layout (tests/test_protocol_layout.py checks this with
+ * cffi against the Python codec). No struct is packed.
+ *
+ * A frame is a header followed by the message's fixed fields and then, for
+ * some messages, variable-length data whose length is a field of the fixed
+ * part. hdr.size counts the whole frame, header included.
+ *
+ * This file must stay parseable by cffi's cdef after preprocessor lines other
+ * than "#define NAME <integer literal>" are removed: no expressions in
+ * defines, no macros in declarations.
+ */
+#ifndef METAL_RUNNER_PROTOCOL_H
+#define METAL_RUNNER_PROTOCOL_H
+
+#include <stdint.h>
+
+#define PROTO_MAGIC 0x524c544d		/* the bytes "MTLR" */
+#define PROTO_VERSION 1
+#define PROTO_HDR_SIZE 12
+#define PROTO_MIN_MAXMSG 65536		/* a peer may not ask for less */
+#define PROTO_DEFAULT_MAXMSG 67108864	/* 64 MiB per frame */
+#define PROTO_MAX_ARGS 63		/* buffers + values per kernel */
+#define PROTO_MAX_NAME 255		/* kernel name length in Tload */
+#define PROTO_MAX_ERRTEXT 1024		/* Rerror text length */
+#define PROTO_NONCE_SIZE 32
+#define PROTO_MAC_SIZE 32
+#define PROTO_NO_CORE 65535		/* Tload.corearg: no core_id argument */
+
+/* Message types: a T-message is a request, its R-message the reply (T+1). */
+enum proto_type {
+	PROTO_RERROR = 1,
+	PROTO_THELLO = 2,	PROTO_RHELLO = 3,
+	PROTO_TAUTH = 4,	PROTO_RAUTH = 5,
+	PROTO_TPING = 6,	PROTO_RPING = 7,
+	PROTO_TSYNC = 8,	PROTO_RSYNC = 9,
+	PROTO_TALLOC = 10,				/* no reply */
+	PROTO_TFREE = 12,				/* no reply */
+	PROTO_TWRITE = 14,				/* no reply */
+	PROTO_TREAD = 16,	PROTO_RREAD = 17,
+	PROTO_TCOPY = 18,				/* no reply */
+	PROTO_TLOAD = 20,				/* no reply */
+	PROTO_TUNLOAD = 22,				/* no reply */
+	PROTO_TLAUNCH = 24,	PROTO_RLAUNCH = 25,	/* reply only with FWAIT */
+	PROTO_TGRAPH = 26,				/* no reply */
+	PROTO_TGRAPHRUN = 28,	PROTO_RGRAPHRUN = 29,	/* reply only with FWAIT */
+	PROTO_TGRAPHFREE = 30				/* no reply */
+};
+
+/* hdr.flags */
+enum proto_flag {
+	PROTO_FWAIT = 1		/* Tlaunch, Tgraphrun: wait, reply with the device time */
+};
+
+/* Rerror.code */
+enum proto_error {
+	PROTO_EPROTO = 1,	/* malformed frame; the connection is closed */
+	PROTO_EVERSION = 2,	/* unsupported version or magic; connection closed */
+	PROTO_EAUTH = 3,	/* authentication failed; connection closed */
+	PROTO_ESTATE = 4,	/* request not allowed before hello/auth; closed */
+	PROTO_EHANDLE = 5,	/* no such buffer, program or graph handle */
+	PROTO_EEXIST = 6,	/* handle already in use */
+	PROTO_ERANGE = 7,	/* offset/count outside the object, or wraps */
+	PROTO_EINVAL = 8,	/* a field has an invalid value */
+	PROTO_ENOMEM = 9,	/* the device or host is out of memory */
+	PROTO_ELIMIT = 10,	/* over a limit the runner was started with */
+	PROTO_EKIND = 11,	/* backend does not accept this program kind */
+	PROTO_EPROGRAM = 12,	/* program rejected: wrong arch, corrupt, compile error */
+	PROTO_EDEVICE = 13,	/* the device failed to run a kernel or copy */
+	PROTO_EMORE = 14,	/* more errors occurred than were kept */
+	PROTO_ECRASH = 15,	/* a kernel crashed; the session ends */
+	PROTO_ETIMEOUT = 16	/* a kernel or the client exceeded a time limit */
+};
+
+/* Rhello.backend */
+enum proto_backend {
+	PROTO_BACKEND_CPU = 1,
+	PROTO_BACKEND_METAL = 2
+};
+
+/* Rhello.caps */
+enum proto_cap {
+	PROTO_CAP_AUTH = 1,		/* Tauth must follow Rhello */
+	PROTO_CAP_UNIFIED = 2,		/* device memory is host memory */
+	PROTO_CAP_CPU_IMAGE = 4,	/* accepts PROTO_PROG_CPU_IMAGE */
+	PROTO_CAP_METALLIB = 8,		/* accepts PROTO_PROG_METALLIB */
+	PROTO_CAP_METAL_SOURCE = 16	/* accepts PROTO_PROG_METAL_SOURCE */
+};
+
+/* Tload.kind */
+enum proto_prog_kind {
+	PROTO_PROG_CPU_IMAGE = 1,	/* relocated position-independent machine code */
+	PROTO_PROG_METALLIB = 2,	/* a compiled Metal library (MTLB) */
+	PROTO_PROG_METAL_SOURCE = 3	/* Metal Shading Language source text */
+};
+
+/* Tload.arch (CPU images; 0 for Metal programs) */
+enum proto_arch {
+	PROTO_ARCH_NONE = 0,
+	PROTO_ARCH_X86_64 = 1,
+	PROTO_ARCH_ARM64 = 2,
+	PROTO_ARCH_RISCV64 = 3
+};
+
+/* Tgraphrun patch kinds */
+enum proto_patch_kind {
+	PROTO_PATCH_BUF = 1,	/* buffer argument index := handle, offset(value) */
+	PROTO_PATCH_VAL = 2,	/* integer argument index := value */
+	PROTO_PATCH_GLOBAL = 3,	/* global size dimension index (0..2) := value */
+	PROTO_PATCH_LOCAL = 4	/* local size dimension index (0..2) := value */
+};
+
+/* size[4] type[2] flags[2] tag[4] */
+struct proto_hdr {
+	uint32_t size;
+	uint16_t type;
+	uint16_t flags;
+	uint32_t tag;
+};
+
+/* size[4] Rerror tag[4] code[4] count[4] text[count] */
+struct proto_rerror {
+	struct proto_hdr h;
+	uint32_t code;
+	uint32_t count;
+};
+
+/* size[4] Thello tag[4] magic[4] version[4] maxmsg[4] */
+struct proto_thello {
+	struct proto_hdr h;
+	uint32_t magic;
+	uint32_t version;
+	uint32_t maxmsg;
+};
+
+/* size[4] Rhello tag[4] magic[4] version[4] maxmsg[4] backend[2] caps[2]
+ *   ncores[4] memory[8] maxbuf[8] maxhandles[4] session[4] nonce[32]
+ *   name[64] arch[16] cpu[32] features[128]   (strings NUL-padded) */
+struct proto_rhello {
+	struct proto_hdr h;
+	uint32_t magic;
+	uint32_t version;
+	uint32_t maxmsg;
+	uint16_t backend;
+	uint16_t caps;
+	uint32_t ncores;
+	uint64_t memory;
+	uint64_t maxbuf;
+	uint32_t maxhandles;
+	uint32_t session;
+	uint8_t nonce[32];
+	char name[64];
+	char arch[16];
+	char cpu[32];
+	char features[128];
+};
+
+/* size[4] Tauth tag[4] cnonce[32] mac[32] */
+struct proto_tauth {
+	struct proto_hdr h;
+	uint8_t cnonce[32];
+	uint8_t mac[32];
+};
+
+/* size[4] Rauth tag[4] mac[32] */
+struct proto_rauth {
+	struct proto_hdr h;
+	uint8_t mac[32];
+};
+
+/* size[4] Tping tag[4] count[4] data[count]; Rping echoes it */
+struct proto_ping {
+	struct proto_hdr h;
+	uint32_t count;
+};
+
+/* size[4] Tsync tag[4]; size[4] Rsync tag[4] */
+struct proto_sync {
+	struct proto_hdr h;
+};
+
+/* size[4] Talloc tag[4] handle[4] size[8] */
+struct proto_talloc {
+	struct proto_hdr h;
+	uint32_t handle;
+	uint64_t size;
+};
+
+/* size[4] Tfree tag[4] handle[4] */
+struct proto_tfree {
+	struct proto_hdr h;
+	uint32_t handle;
+};
+
+/* size[4] Twrite tag[4] handle[4] offset[8] count[8] data[count] */
+struct proto_twrite {
+	struct proto_hdr h;
+	uint32_t handle;
+	uint64_t offset;
+	uint64_t count;
+};
+
+/* size[4] Tread tag[4] handle[4] offset[8] count[8] */
+struct proto_tread {
+	struct proto_hdr h;
+	uint32_t handle;
+	uint64_t offset;
+	uint64_t count;
+};
+
+/* size[4] Rread tag[4] count[4] data[count] */
+struct proto_rread {
+	struct proto_hdr h;
+	uint32_t count;
+};
+
+/* size[4] Tcopy tag[4] dst[4] src[4] pad[4] dstoff[8] srcoff[8] count[8] */
+struct proto_tcopy {
+	struct proto_hdr h;
+	uint32_t dst;
+	uint32_t src;
+	uint32_t pad;
+	uint64_t dstoff;
+	uint64_t srcoff;
+	uint64_t count;
+};
+
+/* size[4] Tload tag[4] prog[4] kind[2] arch[2] nbufs[2] nvals[2] corearg[2]
+ *   pad[2] entry[4] crc[4] namelen[4] datalen[4] name[namelen] data[datalen] */
+struct proto_tload {
+	struct proto_hdr h;
+	uint32_t prog;
+	uint16_t kind;
+	uint16_t arch;
+	uint16_t nbufs;
+	uint16_t nvals;
+	uint16_t corearg;
+	uint16_t pad;
+	uint32_t entry;
+	uint32_t crc;
+	uint32_t namelen;
+	uint32_t datalen;
+};
+
+/* size[4] Tunload tag[4] prog[4] */
+struct proto_tunload {
+	struct proto_hdr h;
+	uint32_t prog;
+};
+
+/* One kernel launch: prog[4] nbufs[2] nvals[2] global[3*4] local[3*4],
+ * followed by nbufs proto_arg and nvals value[8]. */
+struct proto_launch {
+	uint32_t prog;
+	uint16_t nbufs;
+	uint16_t nvals;
+	uint32_t global[3];
+	uint32_t local[3];
+};
+
+/* A buffer argument: handle[4] pad[4] offset[8] */
+struct proto_arg {
+	uint32_t handle;
+	uint32_t pad;
+	uint64_t offset;
+};
+
+/* size[4] Tlaunch tag[4] pad[4] launch[32] arg[16*nbufs] value[8*nvals] */
+struct proto_tlaunch {
+	struct proto_hdr h;
+	uint32_t pad;
+	struct proto_launch l;
+};
+
+/* size[4] Rlaunch tag[4] pad[4] ns[8]; Rgraphrun has the same layout */
+struct proto_rtime {
+	struct proto_hdr h;
+	uint32_t pad;
+	uint64_t ns;
+};
+
+/* size[4] Tgraph tag[4] graph[4] count[4] pad[4] launch-record[count]
+ * where each record is a proto_launch with its args and values. */
+struct proto_tgraph {
+	struct proto_hdr h;
+	uint32_t graph;
+	uint32_t count;
+	uint32_t pad;
+};
+
+/* entry[4] kind[2] index[2] handle[4] pad[4] value[8] */
+struct proto_patch {
+	uint32_t entry;
+	uint16_t kind;
+	uint16_t index;
+	uint32_t handle;
+	uint32_t pad;
+	uint64_t value;
+};
+
+/* size[4] Tgraphrun tag[4] graph[4] count[4] pad[4] patch[24*count] */
+struct proto_tgraphrun {
+	struct proto_hdr h;
+	uint32_t graph;
+	uint32_t count;
+	uint32_t pad;
+};
+
+/* size[4] Tgraphfree tag[4] graph[4] */
+struct proto_tgraphfree {
+	struct proto_hdr h;
+	uint32_t graph;
+};
+
+#endif
