@@ -1,0 +1,529 @@
+/*
+ * backend_cpu.c: runs tinygrad's clang-compiled CPU kernels.
+ *
+ * The client relocates clang's object file on the host (tinygrad's ELF
+ * loader, base 0) and sends position-independent machine code. Here it is
+ * mapped writable, filled, then made executable: never both at once (on
+ * Apple silicon MAP_JIT with pthread_jit_write_protect_np flips the same
+ * pages). A kernel is called the way tinygrad's CPUProgram calls it: every
+ * argument a 64-bit word, buffer addresses then integer values. Passing all
+ * PROTO_MAX_ARGS words to a function that takes fewer is safe on the SysV
+ * x86-64 and AAPCS64 ABIs, where the caller owns the stack arguments;
+ * tinygrad's own CPU worker does the same.
+ *
+ * A kernel with a core_id argument is called global[0] times with core_id
+ * 0..global[0]-1; the calls run on a per-session pool of threads.
+ */
+#include <sys/mman.h>
+#include <sys/types.h>
+#ifdef __APPLE__
+#include <sys/sysctl.h>
+#include <libkern/OSCacheControl.h>
+#endif
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+#include "metal_runner.h"
+#include "proto.h"
+
+#if defined(__x86_64__)
+#define CPU_ARCH PROTO_ARCH_X86_64
+#define CPU_ARCH_NAME "x86_64"
+#elif defined(__aarch64__)
+#define CPU_ARCH PROTO_ARCH_ARM64
+#define CPU_ARCH_NAME "arm64"
+#elif defined(__riscv) && __riscv_xlen == 64
+#define CPU_ARCH PROTO_ARCH_RISCV64
+#define CPU_ARCH_NAME "riscv64"
+#else
+#define CPU_ARCH PROTO_ARCH_NONE
+#define CPU_ARCH_NAME "unknown"
+#endif
+
+#define A(i) uint64_t a##i
+typedef void (*kernel_fn)(A(0), A(1), A(2), A(3), A(4), A(5), A(6), A(7),
+    A(8), A(9), A(10), A(11), A(12), A(13), A(14), A(15), A(16), A(17),
+    A(18), A(19), A(20), A(21), A(22), A(23), A(24), A(25), A(26), A(27),
+    A(28), A(29), A(30), A(31), A(32), A(33), A(34), A(35), A(36), A(37),
+    A(38), A(39), A(40), A(41), A(42), A(43), A(44), A(45), A(46), A(47),
+    A(48), A(49), A(50), A(51), A(52), A(53), A(54), A(55), A(56), A(57),
+    A(58), A(59), A(60), A(61), A(62));
+#undef A
+
+struct be_buffer {
+	void *mem;
+	uint64_t size;
+};
+
+struct be_program {
+	void *code;
+	size_t maplen;
+	kernel_fn fn;
+	uint16_t corearg;
+};
+
+/* A launch being spread across the pool: workers take core ids in turn. */
+struct pool_job {
+	kernel_fn fn;
+	uint64_t args[PROTO_MAX_ARGS];
+	uint16_t corearg;
+	uint32_t count;
+	uint32_t next;		/* next core id to run */
+	uint32_t done;		/* core ids finished */
+};
+
+struct be_session {
+	pthread_t *threads;
+	uint32_t nthreads;
+	pthread_mutex_t lock;
+	pthread_cond_t work;	/* a job was posted, or quit */
+	pthread_cond_t idle;	/* the job finished */
+	struct pool_job *job;
+	uint64_t generation;
+	int quit;
+};
+
+static struct be_info cpu_info;
+
+static void
+call(kernel_fn fn, const uint64_t *a)
+{
+	fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10],
+	    a[11], a[12], a[13], a[14], a[15], a[16], a[17], a[18], a[19],
+	    a[20], a[21], a[22], a[23], a[24], a[25], a[26], a[27], a[28],
+	    a[29], a[30], a[31], a[32], a[33], a[34], a[35], a[36], a[37],
+	    a[38], a[39], a[40], a[41], a[42], a[43], a[44], a[45], a[46],
+	    a[47], a[48], a[49], a[50], a[51], a[52], a[53], a[54], a[55],
+	    a[56], a[57], a[58], a[59], a[60], a[61], a[62]);
+}
+
+#if defined(__x86_64__)
+/* The x86-64 microarchitecture level (psABI v2/v3/v4) this CPU and OS
+ * support, so the host compiles with -march=x86-64-vN and never for
+ * features the runner lacks. */
+static const char *
+x86_level(void)
+{
+	unsigned a, b, c, d, c1, b7 = 0, ce = 0;
+	uint64_t xcr0 = 0;
+	int v2, v3, v4;
+
+	if (!__get_cpuid(1, &a, &b, &c1, &d))
+		return "x86-64";
+	__get_cpuid_count(7, 0, &a, &b7, &c, &d);
+	if (__get_cpuid(0x80000001, &a, &b, &ce, &d) == 0)
+		ce = 0;
+	if (c1 & (1u << 27)) {	/* OSXSAVE: the OS saves AVX state */
+		unsigned lo, hi;
+		__asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+		xcr0 = ((uint64_t)hi << 32) | lo;
+	}
+	v2 = (c1 & (1u << 0)) && (c1 & (1u << 9)) && (c1 & (1u << 13)) &&
+	    (c1 & (1u << 19)) && (c1 & (1u << 20)) && (c1 & (1u << 23)) &&
+	    (ce & 1u);
+	v3 = v2 && (c1 & (1u << 12)) && (c1 & (1u << 22)) &&
+	    (c1 & (1u << 28)) && (c1 & (1u << 29)) && (b7 & (1u << 3)) &&
+	    (b7 & (1u << 5)) && (b7 & (1u << 8)) && (ce & (1u << 5)) &&
+	    (xcr0 & 6) == 6;
+	v4 = v3 && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
+	    (b7 & (1u << 28)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) &&
+	    (xcr0 & 0xe6) == 0xe6;
+	return v4 ? "x86-64-v4" : v3 ? "x86-64-v3" : v2 ? "x86-64-v2" :
+	    "x86-64";
+}
+#endif
+
+static void
+cpu_model(char *name, size_t len)
+{
+#ifdef __APPLE__
+	size_t n = len;
+	if (sysctlbyname("machdep.cpu.brand_string", name, &n, NULL, 0) == 0)
+		return;
+#else
+	char line[256];
+	FILE *f = fopen("/proc/cpuinfo", "r");
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+		char *v = strchr(line, ':');
+		if (strncmp(line, "model name", 10) != 0 || v == NULL)
+			continue;
+		v += strspn(v + 1, " \t") + 1;
+		v[strcspn(v, "\n")] = '\0';
+		snprintf(name, len, "%s", v);
+		fclose(f);
+		return;
+	}
+	if (f != NULL)
+		fclose(f);
+#endif
+	snprintf(name, len, "%s CPU", CPU_ARCH_NAME);
+}
+
+static int
+cpu_open(struct be_info *info, const char *device, char *err)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	char model[64];
+
+	(void)device;
+	if (CPU_ARCH == PROTO_ARCH_NONE) {
+		snprintf(err, BE_ERR_MAX, "cpu backend: unsupported architecture");
+		return -1;
+	}
+	memset(info, 0, sizeof(*info));
+	info->backend = PROTO_BACKEND_CPU;
+	info->caps = PROTO_CAP_CPU_IMAGE | PROTO_CAP_UNIFIED;
+	info->ncores = ncpu > 0 ? (uint32_t)ncpu : 1;
+	info->memory = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz :
+	    (uint64_t)1 << 30;
+	info->maxbuf = info->memory;
+	cpu_model(model, sizeof(model));
+	snprintf(info->name, sizeof(info->name), "%s", model);
+	snprintf(info->arch, sizeof(info->arch), "%s", CPU_ARCH_NAME);
+#if defined(__x86_64__)
+	snprintf(info->cpu, sizeof(info->cpu), "%s", x86_level());
+#elif defined(__aarch64__) && defined(__APPLE__)
+	snprintf(info->cpu, sizeof(info->cpu), "apple-m1");
+#elif defined(__aarch64__)
+	snprintf(info->cpu, sizeof(info->cpu), "generic");
+#else
+	snprintf(info->cpu, sizeof(info->cpu), "rv64gc");
+#endif
+	cpu_info = *info;
+	return 0;
+}
+
+static void
+cpu_close(void)
+{
+}
+
+static void *
+pool_worker(void *arg)
+{
+	struct be_session *s = arg;
+	uint64_t seen = 0, args[PROTO_MAX_ARGS];
+
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		while (!s->quit && (s->job == NULL || s->generation == seen))
+			pthread_cond_wait(&s->work, &s->lock);
+		if (s->quit)
+			break;
+		seen = s->generation;
+		while (s->job != NULL && s->job->next < s->job->count) {
+			struct pool_job *j = s->job;
+			uint32_t id = j->next++;
+			pthread_mutex_unlock(&s->lock);
+			memcpy(args, j->args, sizeof(args));
+			args[j->corearg] = id;
+			call(j->fn, args);
+			pthread_mutex_lock(&s->lock);
+			if (++j->done == j->count)
+				pthread_cond_signal(&s->idle);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+static struct be_session *
+cpu_session_open(char *err)
+{
+	struct be_session *s = calloc(1, sizeof(*s));
+
+	if (s == NULL) {
+		snprintf(err, BE_ERR_MAX, "out of memory");
+		return NULL;
+	}
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->work, NULL);
+	pthread_cond_init(&s->idle, NULL);
+	return s;
+}
+
+/* Workers start on the first threaded launch, so a session that never
+ * runs one costs no threads. */
+static int
+pool_start(struct be_session *s, char *err)
+{
+	uint32_t i, n = cpu_info.ncores > 1 ? cpu_info.ncores - 1 : 0;
+
+	if (s->threads != NULL || n == 0)
+		return 0;
+	if ((s->threads = calloc(n, sizeof(*s->threads))) == NULL) {
+		snprintf(err, BE_ERR_MAX, "out of memory");
+		return -1;
+	}
+	for (i = 0; i < n; i++) {
+		if (pthread_create(&s->threads[i], NULL, pool_worker, s) != 0)
+			break;
+		s->nthreads++;
+	}
+	return 0;
+}
+
+static void
+cpu_session_close(struct be_session *s)
+{
+	uint32_t i;
+
+	pthread_mutex_lock(&s->lock);
+	s->quit = 1;
+	pthread_cond_broadcast(&s->work);
+	pthread_mutex_unlock(&s->lock);
+	for (i = 0; i < s->nthreads; i++)
+		pthread_join(s->threads[i], NULL);
+	free(s->threads);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->work);
+	pthread_cond_destroy(&s->idle);
+	free(s);
+}
+
+static struct be_buffer *
+cpu_alloc(struct be_session *s, uint64_t size, char *err)
+{
+	struct be_buffer *b;
+
+	(void)s;
+	if ((b = malloc(sizeof(*b))) == NULL) {
+		snprintf(err, BE_ERR_MAX, "out of memory");
+		return NULL;
+	}
+	/* Anonymous mappings are zeroed and page aligned, as tinygrad's
+	 * CPU allocator's are. */
+	b->mem = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE,
+	    MAP_PRIVATE | MAP_ANON, -1, 0);
+	if (size > SIZE_MAX || b->mem == MAP_FAILED) {
+		snprintf(err, BE_ERR_MAX, "cannot allocate %llu bytes: %s",
+		    (unsigned long long)size, strerror(errno));
+		free(b);
+		return NULL;
+	}
+	b->size = size;
+	return b;
+}
+
+static void
+cpu_free(struct be_session *s, struct be_buffer *b)
+{
+	(void)s;
+	munmap(b->mem, (size_t)b->size);
+	free(b);
+}
+
+static void *
+cpu_contents(struct be_buffer *b)
+{
+	return b->mem;
+}
+
+static int
+cpu_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
+    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err)
+{
+	(void)s;
+	(void)err;
+	memmove((char *)dst->mem + dstoff, (char *)src->mem + srcoff,
+	    (size_t)count);
+	return 0;
+}
+
+static const char *
+arch_name(unsigned arch)
+{
+	switch (arch) {
+	case PROTO_ARCH_X86_64:
+		return "x86_64";
+	case PROTO_ARCH_ARM64:
+		return "arm64";
+	case PROTO_ARCH_RISCV64:
+		return "riscv64";
+	}
+	return "an unknown architecture";
+}
+
+static struct be_program *
+cpu_load(struct be_session *s, const struct be_program_desc *d, char *err)
+{
+	struct be_program *p;
+	long psz = sysconf(_SC_PAGESIZE);
+	size_t len;
+	int flags = MAP_PRIVATE | MAP_ANON;
+
+	(void)s;
+	if (d->kind != PROTO_PROG_CPU_IMAGE) {
+		snprintf(err, BE_ERR_MAX,
+		    "backend cpu does not accept %s programs",
+		    d->kind == PROTO_PROG_METALLIB ? "metallib" : "Metal source");
+		return NULL;
+	}
+	if (d->arch != CPU_ARCH) {
+		snprintf(err, BE_ERR_MAX, "image is for %s, this runner is %s",
+		    arch_name(d->arch), CPU_ARCH_NAME);
+		return NULL;
+	}
+	if (d->entry >= d->datalen) {
+		snprintf(err, BE_ERR_MAX,
+		    "entry offset %u is outside the %zu-byte image", d->entry,
+		    d->datalen);
+		return NULL;
+	}
+	if ((p = calloc(1, sizeof(*p))) == NULL) {
+		snprintf(err, BE_ERR_MAX, "out of memory");
+		return NULL;
+	}
+	len = (d->datalen + (size_t)psz - 1) & ~((size_t)psz - 1);
+#if defined(__APPLE__) && defined(__aarch64__)
+	flags |= MAP_JIT;
+	p->code = mmap(NULL, len, PROT_READ | PROT_WRITE | PROT_EXEC, flags, -1,
+	    0);
+#else
+	p->code = mmap(NULL, len, PROT_READ | PROT_WRITE, flags, -1, 0);
+#endif
+	if (p->code == MAP_FAILED) {
+		snprintf(err, BE_ERR_MAX, "cannot map %zu bytes of code: %s",
+		    len, strerror(errno));
+		free(p);
+		return NULL;
+	}
+#if defined(__APPLE__) && defined(__aarch64__)
+	pthread_jit_write_protect_np(0);
+	memcpy(p->code, d->data, d->datalen);
+	pthread_jit_write_protect_np(1);
+	sys_icache_invalidate(p->code, d->datalen);
+#else
+	memcpy(p->code, d->data, d->datalen);
+	if (mprotect(p->code, len, PROT_READ | PROT_EXEC) == -1) {
+		snprintf(err, BE_ERR_MAX, "cannot make code executable: %s",
+		    strerror(errno));
+		munmap(p->code, len);
+		free(p);
+		return NULL;
+	}
+	__builtin___clear_cache((char *)p->code, (char *)p->code + d->datalen);
+#endif
+	p->maplen = len;
+	p->fn = (kernel_fn)(void *)((char *)p->code + d->entry);
+	p->corearg = d->corearg;
+	return p;
+}
+
+static void
+cpu_unload(struct be_session *s, struct be_program *p)
+{
+	(void)s;
+	munmap(p->code, p->maplen);
+	free(p);
+}
+
+static uint64_t
+now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int
+run_one(struct be_session *s, const struct be_launch *l, char *err)
+{
+	struct pool_job job;
+	uint32_t i, count = l->global[0];
+
+	memset(job.args, 0, sizeof(job.args));
+	for (i = 0; i < l->nbufs; i++)
+		job.args[i] = (uint64_t)(uintptr_t)l->bufs[i]->mem + l->offsets[i];
+	for (i = 0; i < l->nvals; i++)
+		job.args[l->nbufs + i] = (uint64_t)l->vals[i];
+	job.fn = l->prog->fn;
+	job.corearg = l->prog->corearg;
+	if (job.corearg == PROTO_NO_CORE || count == 1) {
+		/* tinygrad's CPUProgram also runs global[0] calls in turn. */
+		for (i = 0; i < count; i++) {
+			if (job.corearg != PROTO_NO_CORE)
+				job.args[job.corearg] = i;
+			call(job.fn, job.args);
+		}
+		return 0;
+	}
+	if (pool_start(s, err) == -1)
+		return -1;
+	job.count = count;
+	job.next = job.done = 0;
+	pthread_mutex_lock(&s->lock);
+	s->job = &job;
+	s->generation++;
+	pthread_cond_broadcast(&s->work);
+	/* The launching thread works too, then waits for the stragglers. */
+	while (job.next < job.count) {
+		uint64_t args[PROTO_MAX_ARGS];
+		uint32_t id = job.next++;
+		pthread_mutex_unlock(&s->lock);
+		memcpy(args, job.args, sizeof(args));
+		args[job.corearg] = id;
+		call(job.fn, args);
+		pthread_mutex_lock(&s->lock);
+		job.done++;
+	}
+	while (job.done < job.count)
+		pthread_cond_wait(&s->idle, &s->lock);
+	s->job = NULL;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+static int
+cpu_launch(struct be_session *s, const struct be_launch *l, size_t n,
+    int wait, uint64_t *ns, char *err)
+{
+	uint64_t t0 = wait ? now_ns() : 0;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (run_one(s, &l[i], err) == -1)
+			return -1;
+	if (wait)
+		*ns = now_ns() - t0;
+	return 0;
+}
+
+static int
+cpu_sync(struct be_session *s, char *err)
+{
+	/* Launches run to completion before launch() returns. */
+	(void)s;
+	(void)err;
+	return 0;
+}
+
+const struct backend be_cpu = {
+	.name = "cpu",
+	.isolation = BE_ISOLATE_PROCESS,
+	.open = cpu_open,
+	.close = cpu_close,
+	.session_open = cpu_session_open,
+	.session_close = cpu_session_close,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.contents = cpu_contents,
+	.copy = cpu_copy,
+	.load = cpu_load,
+	.unload = cpu_unload,
+	.launch = cpu_launch,
+	.sync = cpu_sync,
+};

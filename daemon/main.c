@@ -1,0 +1,265 @@
+/* main.c: command-line arguments around mr_serve(). */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "metal_runner.h"
+
+static void
+usage(FILE *f)
+{
+	fprintf(f,
+"usage: metal_runner [options]\n"
+"Run tinygrad kernels sent by clients over TCP (see protocol.md).\n"
+"\n"
+"  -H, --host ADDR         address to bind (default 127.0.0.1)\n"
+"  -p, --port N            TCP port (default 6667; 0 picks a free one)\n"
+"  -b, --backend NAME      metal or cpu (default: metal on macOS, else cpu)\n"
+"  -d, --device N          device index for the metal backend\n"
+"  -v, --verbose           log sessions; twice: every kernel and its time\n"
+"      --isolation MODE    process or thread (default: the backend's:\n"
+"                          cpu uses a process per session, metal threads)\n"
+"      --token-file PATH   require clients to prove they know this secret\n"
+"      --allow-unauthenticated\n"
+"                          allow a non-loopback --host without a token\n"
+"      --max-msg BYTES     largest frame (default 64M)\n"
+"      --session-mem BYTES buffer memory per session (default: no limit)\n"
+"      --total-mem BYTES   buffer memory of all sessions (default: device)\n"
+"      --max-handles N     buffers, programs and graphs per session (65536)\n"
+"      --max-sessions N    sessions at once (default 64)\n"
+"      --frame-timeout S   end a session stalled mid-frame (default 60)\n"
+"      --idle-timeout S    end a session idle this long (default: never)\n"
+"      --kernel-timeout S  end a session whose CPU kernel runs longer\n"
+"                          (process isolation; default: no limit)\n"
+"  -h, --help              show this help\n"
+"  -V, --version           show the version\n"
+"\n"
+"Sizes take a K, M or G suffix. With --port 0 the chosen port is printed\n"
+"on stdout as \"listening on HOST:PORT\".\n");
+}
+
+static int
+parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno != 0 || end == s || *s == '-')
+		return -1;
+	switch (*end) {
+	case 'G': case 'g':
+		v <<= 10;	/* FALLTHROUGH */
+	case 'M': case 'm':
+		v <<= 10;	/* FALLTHROUGH */
+	case 'K': case 'k':
+		v <<= 10;
+		end++;
+	}
+	if (*end != '\0')
+		return -1;
+	*out = v;
+	return 0;
+}
+
+static int
+parse_int(const char *s, int min, int max, int *out)
+{
+	uint64_t v;
+
+	if (parse_size(s, &v) == -1 || v < (uint64_t)min || v > (uint64_t)max)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+/* The whole file is the secret; a trailing newline from an editor is not. */
+static uint8_t *
+read_token(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	uint8_t *buf;
+	size_t n;
+
+	if (f == NULL) {
+		fprintf(stderr, "metal_runner: %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	buf = malloc(4096);
+	n = buf ? fread(buf, 1, 4096, f) : 0;
+	fclose(f);
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		n--;
+	if (n == 0) {
+		fprintf(stderr, "metal_runner: %s: the token file is empty\n",
+		    path);
+		free(buf);
+		return NULL;
+	}
+	*len = n;
+	return buf;
+}
+
+static void
+print_listen(const char *host, int port, void *arg)
+{
+	(void)arg;
+	printf("listening on %s:%d\n", host, port);
+	fflush(stdout);
+}
+
+int
+main(int argc, char **argv)
+{
+	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
+	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME };
+	static const struct option opts[] = {
+		{ "host", required_argument, NULL, 'H' },
+		{ "port", required_argument, NULL, 'p' },
+		{ "backend", required_argument, NULL, 'b' },
+		{ "device", required_argument, NULL, 'd' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "isolation", required_argument, NULL, O_ISO },
+		{ "token-file", required_argument, NULL, O_TOKEN },
+		{ "allow-unauthenticated", no_argument, NULL, O_UNAUTH },
+		{ "max-msg", required_argument, NULL, O_MAXMSG },
+		{ "session-mem", required_argument, NULL, O_SMEM },
+		{ "total-mem", required_argument, NULL, O_TMEM },
+		{ "max-handles", required_argument, NULL, O_HANDLES },
+		{ "max-sessions", required_argument, NULL, O_SESSIONS },
+		{ "frame-timeout", required_argument, NULL, O_FTIME },
+		{ "idle-timeout", required_argument, NULL, O_ITIME },
+		{ "kernel-timeout", required_argument, NULL, O_KTIME },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'V' },
+		{ NULL, 0, NULL, 0 }
+	};
+	struct mr_config cfg;
+	uint64_t v;
+	int c, n, unauth = 0;
+	const char *token_path = NULL;
+
+	mr_config_defaults(&cfg);
+	cfg.on_listen = print_listen;
+	while ((c = getopt_long(argc, argv, "H:p:b:d:vhV", opts, NULL)) != -1) {
+		switch (c) {
+		case 'H':
+			cfg.host = optarg;
+			break;
+		case 'p':
+			if (parse_int(optarg, 0, 65535, &cfg.port) == -1)
+				goto bad;
+			break;
+		case 'b':
+			cfg.backend = optarg;
+			if (mr_find_backend(optarg) == NULL) {
+				fprintf(stderr, "metal_runner: no backend %s in "
+				    "this build (try cpu%s)\n", optarg,
+#ifdef __APPLE__
+				    " or metal"
+#else
+				    "; metal needs macOS"
+#endif
+				    );
+				return 2;
+			}
+			break;
+		case 'd':
+			cfg.device = optarg;
+			break;
+		case 'v':
+			cfg.verbose++;
+			break;
+		case O_ISO:
+			if (strcmp(optarg, "process") == 0)
+				cfg.isolation = BE_ISOLATE_PROCESS;
+			else if (strcmp(optarg, "thread") == 0)
+				cfg.isolation = BE_ISOLATE_THREAD;
+			else
+				goto bad;
+			break;
+		case O_TOKEN:
+			token_path = optarg;
+			break;
+		case O_UNAUTH:
+			unauth = 1;
+			break;
+		case O_MAXMSG:
+			if (parse_size(optarg, &v) == -1 || v < 65536 ||
+			    v > 0x7fffffff)
+				goto bad;
+			cfg.maxmsg = (uint32_t)v;
+			break;
+		case O_SMEM:
+			if (parse_size(optarg, &cfg.session_mem) == -1)
+				goto bad;
+			break;
+		case O_TMEM:
+			if (parse_size(optarg, &cfg.total_mem) == -1)
+				goto bad;
+			break;
+		case O_HANDLES:
+			if (parse_int(optarg, 1, 1 << 30, &n) == -1)
+				goto bad;
+			cfg.max_handles = (uint32_t)n;
+			break;
+		case O_SESSIONS:
+			if (parse_int(optarg, 1, 4096, &n) == -1)
+				goto bad;
+			cfg.max_sessions = (uint32_t)n;
+			break;
+		case O_FTIME:
+			if (parse_int(optarg, 1, 86400, &cfg.frame_timeout) == -1)
+				goto bad;
+			break;
+		case O_ITIME:
+			if (parse_int(optarg, 0, 1 << 30, &cfg.idle_timeout) == -1)
+				goto bad;
+			break;
+		case O_KTIME:
+			if (parse_int(optarg, 0, 1 << 30, &cfg.kernel_timeout) == -1)
+				goto bad;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'V':
+			printf("metal_runner %s (protocol version 1)\n",
+			    MR_VERSION);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "metal_runner: unexpected argument %s\n",
+		    argv[optind]);
+		usage(stderr);
+		return 2;
+	}
+	if (token_path != NULL &&
+	    (cfg.token = read_token(token_path, &cfg.tokenlen)) == NULL)
+		return 1;
+	if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
+		if (!unauth) {
+			fprintf(stderr, "metal_runner: refusing to listen on %s "
+			    "without --token-file: anyone who can connect could "
+			    "run any code on this machine. Pass "
+			    "--allow-unauthenticated to accept that.\n",
+			    cfg.host);
+			return 1;
+		}
+		fprintf(stderr, "metal_runner: WARNING: listening on %s with no "
+		    "authentication; anyone who can reach this port can run "
+		    "code here\n", cfg.host);
+	}
+	return mr_serve(&cfg) == 0 ? 0 : 1;
+bad:
+	fprintf(stderr, "metal_runner: bad value for %s: %s\n",
+	    argv[optind - 1], optarg);
+	return 2;
+}

@@ -1,0 +1,96 @@
+/*
+ * metal_runner.h: the daemon core as a library, prototypes grouped by file.
+ *
+ * An appliance embeds the runner by filling a struct mr_config and calling
+ * mr_serve(); main.c is only argument parsing around that call.
+ */
+#ifndef METAL_RUNNER_H
+#define METAL_RUNNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "backend.h"
+
+#define MR_VERSION "0.1.0"
+
+struct mr_config {
+	const char *host;		/* bind address, default 127.0.0.1 */
+	int port;			/* 0: any free port */
+	const char *backend;		/* "cpu", "metal"; NULL: the platform's best */
+	const char *device;		/* backend device selector, may be NULL */
+	int verbose;			/* 1: log sessions, 2: every kernel and its time */
+	enum be_isolation isolation;	/* 0: the backend's default */
+	uint32_t maxmsg;		/* largest frame accepted */
+	uint64_t session_mem;		/* bytes of buffers per session, 0: no limit */
+	uint64_t total_mem;		/* bytes of buffers in all sessions, 0: device memory */
+	uint32_t max_handles;		/* handles per session */
+	uint32_t max_sessions;		/* sessions at once */
+	int frame_timeout;		/* seconds a half-received frame may stall */
+	int idle_timeout;		/* seconds a session may be idle, 0: forever */
+	int kernel_timeout;		/* seconds a CPU kernel may run, 0: forever */
+	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
+	size_t tokenlen;
+	/* Called once the socket listens, with the bound port. */
+	void (*on_listen)(const char *host, int port, void *arg);
+	void *on_listen_arg;
+};
+
+/* server.c */
+void mr_config_defaults(struct mr_config *cfg);
+const struct backend *mr_find_backend(const char *name);
+/* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error. */
+int mr_serve(const struct mr_config *cfg);
+void mr_stop(void);
+/* Memory accounting shared by all sessions (and their processes). */
+int mr_mem_reserve(int slot, uint64_t n, uint64_t session_limit, char *err);
+void mr_mem_release(int slot, uint64_t n);
+
+/* session.c */
+struct mr_server_ctx {
+	const struct mr_config *cfg;
+	const struct backend *be;
+	const struct be_info *info;
+};
+/* Serve one connection until it ends; frees everything it created. */
+void sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
+    const char *peer);
+/* Process isolation: the handler for a crashing or overrunning kernel. */
+extern int sess_crash_handlers;
+void sess_crash_signal(int sig);
+
+/* net.c */
+int net_listen(const char *host, int port, int *bound_port, char *err);
+int net_accept(int lfd, char *peer, size_t peerlen);
+int net_tune(int fd, int timeout_s);
+ssize_t net_recv(int fd, void *buf, size_t len);
+int net_send_all(int fd, const void *buf, size_t len);
+int net_sendv_all(int fd, const void *a, size_t alen, const void *b, size_t blen);
+int net_is_loopback(const char *host);
+
+/* htab.c: client-chosen u32 handle -> pointer */
+struct htab {
+	uint32_t *keys;
+	void **vals;
+	uint32_t cap;		/* power of two, or 0 */
+	uint32_t count;
+	uint32_t tombs;
+};
+void *htab_get(const struct htab *t, uint32_t key);
+int htab_put(struct htab *t, uint32_t key, void *val);	/* -1: no memory */
+void *htab_del(struct htab *t, uint32_t key);
+/* Call fn on every value, then free the table. */
+void htab_clear(struct htab *t, void (*fn)(void *val, void *arg), void *arg);
+
+/* log.c */
+extern int log_verbose;
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* sha256.c */
+void sha256(const uint8_t *p, size_t n, uint8_t out[32]);
+void hmac_sha256(const uint8_t *key, size_t keylen, const uint8_t *msg,
+    size_t msglen, uint8_t out[32]);
+
+#endif

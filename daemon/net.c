@@ -1,0 +1,174 @@
+/*
+ * net.c: TCP sockets, in the manner of redis's anet.c. Blocking sockets with
+ * kernel timeouts: a session reads whole frames in a plain loop, and a peer
+ * that stalls mid-frame or stops reading replies times out instead of
+ * holding a session forever.
+ */
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "metal_runner.h"
+#include "proto.h"
+
+#ifdef MSG_NOSIGNAL
+#define SEND_FLAGS MSG_NOSIGNAL
+#else
+#define SEND_FLAGS 0	/* macOS: SO_NOSIGPIPE is set in net_tune() */
+#endif
+
+int
+net_listen(const char *host, int port, int *bound_port, char *err)
+{
+	struct addrinfo hints, *res = NULL, *ai;
+	struct sockaddr_storage ss;
+	socklen_t sslen = sizeof(ss);
+	char portstr[16];
+	int fd = -1, one = 1, rc;
+
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE;
+	snprintf(portstr, sizeof(portstr), "%d", port);
+	if ((rc = getaddrinfo(host, portstr, &hints, &res)) != 0) {
+		snprintf(err, PROTO_ERRLEN, "cannot resolve %s: %s", host,
+		    gai_strerror(rc));
+		return -1;
+	}
+	for (ai = res; ai != NULL; ai = ai->ai_next) {
+		fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+		if (fd == -1)
+			continue;
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+		    listen(fd, 64) == 0)
+			break;
+		snprintf(err, PROTO_ERRLEN, "cannot listen on %s:%d: %s",
+		    host, port, strerror(errno));
+		close(fd);
+		fd = -1;
+	}
+	freeaddrinfo(res);
+	if (fd == -1)
+		return -1;
+	if (getsockname(fd, (struct sockaddr *)&ss, &sslen) == 0)
+		*bound_port = ntohs(ss.ss_family == AF_INET6 ?
+		    ((struct sockaddr_in6 *)&ss)->sin6_port :
+		    ((struct sockaddr_in *)&ss)->sin_port);
+	return fd;
+}
+
+int
+net_accept(int lfd, char *peer, size_t peerlen)
+{
+	struct sockaddr_storage ss;
+	socklen_t sslen = sizeof(ss);
+	char host[NI_MAXHOST], serv[NI_MAXSERV];
+	int fd;
+
+	fd = accept(lfd, (struct sockaddr *)&ss, &sslen);
+	if (fd == -1)
+		return -1;
+	if (getnameinfo((struct sockaddr *)&ss, sslen, host, sizeof(host),
+	    serv, sizeof(serv), NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+		snprintf(peer, peerlen, "%s:%s", host, serv);
+	else
+		snprintf(peer, peerlen, "?");
+	return fd;
+}
+
+/* No Nagle delay (small replies go out at once), no SIGPIPE, and send and
+ * receive timeouts so a stalled peer cannot block its session forever. */
+int
+net_tune(int fd, int timeout_s)
+{
+	struct timeval tv = { timeout_s, 0 };
+	int one = 1;
+
+	if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) == -1)
+		return -1;
+#ifdef SO_NOSIGPIPE
+	setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
+#endif
+	if (timeout_s > 0) {
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
+	return 0;
+}
+
+/* recv() that retries on EINTR; 0 at end of stream, -1 with errno. */
+ssize_t
+net_recv(int fd, void *buf, size_t len)
+{
+	ssize_t n;
+
+	do
+		n = recv(fd, buf, len, 0);
+	while (n == -1 && errno == EINTR);
+	return n;
+}
+
+int
+net_sendv_all(int fd, const void *a, size_t alen, const void *b, size_t blen)
+{
+	struct iovec iov[2];
+	struct msghdr msg;
+	ssize_t n;
+
+	iov[0].iov_base = (void *)a;
+	iov[0].iov_len = alen;
+	iov[1].iov_base = (void *)b;
+	iov[1].iov_len = blen;
+	while (iov[0].iov_len + iov[1].iov_len > 0) {
+		memset(&msg, 0, sizeof(msg));
+		msg.msg_iov = iov[0].iov_len ? iov : iov + 1;
+		msg.msg_iovlen = iov[0].iov_len ? 2 : 1;
+		n = sendmsg(fd, &msg, SEND_FLAGS);
+		if (n == -1) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		if ((size_t)n >= iov[0].iov_len) {
+			n -= (ssize_t)iov[0].iov_len;
+			iov[0].iov_len = 0;
+			iov[1].iov_base = (char *)iov[1].iov_base + n;
+			iov[1].iov_len -= (size_t)n;
+		} else {
+			iov[0].iov_base = (char *)iov[0].iov_base + n;
+			iov[0].iov_len -= (size_t)n;
+		}
+	}
+	return 0;
+}
+
+int
+net_send_all(int fd, const void *buf, size_t len)
+{
+	return net_sendv_all(fd, buf, len, NULL, 0);
+}
+
+int
+net_is_loopback(const char *host)
+{
+	struct in_addr a4;
+	struct in6_addr a6;
+
+	if (strcmp(host, "localhost") == 0)
+		return 1;
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127;
+	if (inet_pton(AF_INET6, host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6);
+	return 0;
+}
