@@ -1,0 +1,52 @@
+"""Start and stop metal_runner daemons for tests: loopback only, ephemeral ports, stopped by pid."""
+from __future__ import annotations
+import contextlib, os, pathlib, signal, subprocess, threading, time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DAEMON = ROOT / "daemon" / "metal_runner"
+
+def build() -> pathlib.Path:
+  """Build the daemon (make is incremental); honours METAL_RUNNER_BIN for a prebuilt one, e.g. a sanitizer build."""
+  if (b := os.environ.get("METAL_RUNNER_BIN")): return pathlib.Path(b)
+  subprocess.run(["make", "-s", "-C", str(ROOT / "daemon")], check=True, stdout=subprocess.DEVNULL)
+  return DAEMON
+
+class RunnerProc:
+  def __init__(self, *args:str, binary:pathlib.Path|None=None):
+    self.argv = [str(binary or build()), "--host", "127.0.0.1", "--port", "0", *args]
+    self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = self.proc.stdout.readline()
+    if not line.startswith("listening on "):
+      self.stop()
+      raise RuntimeError(f"metal_runner did not start: {line!r} {self.proc.stderr.read()}")
+    self.port = int(line.rsplit(":", 1)[1])
+    self.addr = f"127.0.0.1:{self.port}"
+    self.log: list[str] = []
+    self._reader = threading.Thread(target=self._read_log, daemon=True)
+    self._reader.start()
+
+  def _read_log(self):
+    for line in self.proc.stderr: self.log.append(line.rstrip("\n"))
+
+  def log_text(self, settle:float=0.2) -> str:
+    time.sleep(settle)
+    return "\n".join(self.log)
+
+  def alive(self) -> bool: return self.proc.poll() is None
+
+  def stop(self, timeout:float=10) -> int:
+    """SIGTERM by pid, SIGKILL if it does not exit in time; returns the exit code."""
+    if self.proc.poll() is None:
+      os.kill(self.proc.pid, signal.SIGTERM)
+      try: self.proc.wait(timeout)
+      except subprocess.TimeoutExpired:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+    if self.proc.stdout: self.proc.stdout.close()
+    return self.proc.returncode
+
+@contextlib.contextmanager
+def runner(*args:str, binary:pathlib.Path|None=None):
+  r = RunnerProc(*args, binary=binary)
+  try: yield r
+  finally: r.stop()
