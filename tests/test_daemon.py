@@ -136,7 +136,7 @@ def test_more_than_64_errors_are_counted_not_lost(rp):
 def test_disconnect_frees_everything():
   # 1 MiB for all sessions: the second client can only allocate once the first one's memory came back
   for iso in ("process", "thread"):
-    with runner("--isolation", iso, "--total-mem", "1M") as r:
+    with runner("--isolation", iso, "--total-mem", "1M", "-v") as r:
       a = Raw(r.addr)
       a.alloc(1, 800 << 10); a.ping()
       b = Raw(r.addr)
