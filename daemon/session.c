@@ -238,16 +238,17 @@ need(struct session *s, size_t n, int boundary)
 	ssize_t r;
 
 	while (s->inlen - s->inoff < n) {
-		if (s->incap - s->inoff < n) {
+		/* Make room only when the buffer is full, and then by at most
+		 * doubling: memory follows the bytes that arrived, never the
+		 * size a header declares. */
+		if (s->inlen == s->incap && s->inoff > 0) {
 			memmove(s->in, s->in + s->inoff, s->inlen - s->inoff);
 			s->inlen -= s->inoff;
 			s->inoff = 0;
-			/* Grow by what arrived, never straight to n. */
-			if (s->incap < n && grow(&s->in, &s->incap,
-			    min64(n, s->incap * 2)) == -1) {
-				log_warn("session %u: out of memory", s->id);
-				return -1;
-			}
+		} else if (s->inlen == s->incap && grow(&s->in, &s->incap,
+		    min64(n, s->incap * 2)) == -1) {
+			log_warn("session %u: out of memory", s->id);
+			return -1;
 		}
 		if (flush(s) == -1)
 			return -1;

@@ -400,3 +400,23 @@ def test_requests_before_auth_and_concurrent_garbage_do_not_disturb_others(rp, a
     stop.set()
     for t in ts: t.join()
   still_serving(rp)
+
+def vm_size_kb(pid:int) -> int:
+  with open(f"/proc/{pid}/status") as f: return next(int(l.split()[1]) for l in f if l.startswith("VmSize:"))
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs /proc")
+def test_memory_follows_bytes_that_arrived_not_the_declared_size():
+  """A header declaring a 60 MiB frame, then a trickle of small packets: the session's input buffer must not grow to 60 MiB."""
+  with runner("--isolation", "process") as r:
+    c = Raw(r.addr)
+    c.ping()
+    with open(f"/proc/{r.proc.pid}/task/{r.proc.pid}/children") as f: child = int(f.read().split()[0])
+    before = vm_size_kb(child)
+    c.send(P.pack(P.TPING, 1, payload_len=60 << 20, count=60 << 20))
+    for _ in range(200):
+      c.send(b"x" * 512)
+      time.sleep(0.001)
+    time.sleep(0.2)
+    grown = vm_size_kb(child) - before
+    assert grown < 4096, f"session grew {grown} KiB of address space for 100 KiB received"
+    still_serving(r)

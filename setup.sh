@@ -1,0 +1,47 @@
+#!/bin/sh
+# setup.sh: everything a fresh Debian or macOS machine needs, then the daemon.
+# Idempotent: a second run only checks. Installs clang and make (Debian:
+# apt-get; macOS: the Xcode command line tools must be present), creates
+# .venv with the client and its test dependencies, and builds
+# daemon/metal_runner.
+set -eu
+cd "$(dirname "$0")"
+
+need() { command -v "$1" >/dev/null 2>&1; }
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+case "$(uname -s)" in
+Linux)
+	missing=""
+	need clang || missing="$missing clang"
+	need make || missing="$missing make"
+	need cc || missing="$missing gcc"
+	need python3 || missing="$missing python3"
+	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$missing python3-venv"
+	if [ -n "$missing" ]; then
+		if ! need apt-get; then
+			echo "setup.sh: please install:$missing" >&2
+			exit 1
+		fi
+		echo "setup.sh: installing$missing"
+		as_root apt-get update -qq
+		# shellcheck disable=SC2086
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing >/dev/null
+	fi
+	;;
+Darwin)
+	if ! need clang || ! need make; then
+		echo "setup.sh: run 'xcode-select --install' for clang and make, then again" >&2
+		exit 1
+	fi
+	;;
+esac
+
+if [ ! -x .venv/bin/python ]; then
+	python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi' 2>/dev/null; then
+	.venv/bin/python -m pip install -q --upgrade pip
+	.venv/bin/python -m pip install -q -e ".[test]"
+fi
+make -s -C daemon
