@@ -88,7 +88,7 @@ struct backend {
 	struct be_buffer *(*alloc)(struct be_session *s, uint64_t size, char *err);
 	void (*free)(struct be_session *s, struct be_buffer *b);
 	/* Host-visible memory of the buffer. The session reads from and writes
-	 * to the socket straight into it, after wait_idle(). */
+	 * to the socket straight into it, after sync() when work is in flight. */
 	void *(*contents)(struct be_buffer *b);
 	int (*copy)(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err);

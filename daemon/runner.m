@@ -1,0 +1,968 @@
+/*
+ * runner.m: the Metal backend, be_metal (macOS only).
+ *
+ * Not yet run on Apple hardware: type-checked on Linux against
+ * tests/metal_stub only (tests/test_metal_typecheck.py). Every Metal call
+ * below was checked against Apple's documented signature, not against a
+ * GPU; .github/workflows/macos.yml is where it first meets one.
+ *
+ * Shape (models: llama.cpp's ggml-metal, Apple's MetalComputeBasic): one
+ * device, opened once; one command queue per session; pipelines compiled
+ * once and cached across sessions by the SHA-256 of (kind, name, data).
+ * Sessions are threads of one process (BE_ISOLATE_THREAD), because Metal is
+ * not fork-safe; so the cache is shared and has its own mutex, while a
+ * session's command buffers and encoders are only touched by its thread.
+ *
+ * Ownership: manual retain/release; this file must be compiled without ARC
+ * (-fno-objc-arc, clang's default), like ggml-metal. Every object obtained
+ * from alloc/new.../...Create.../...Copy... or sent -retain is owned by
+ * exactly one field below and released in the matching free, unload,
+ * session_close or close; nothing else is kept. Objects that come back
+ * autoreleased (command buffers, encoders, NSErrors, strings) live only in
+ * the @autoreleasepool of the entry point that made them; the one exception,
+ * a session's command buffers, is retained. Session threads are plain
+ * pthreads with no pool of their own, so every entry point that may create
+ * an autoreleased object opens one around its work.
+ *
+ * macOS build flags: -fno-objc-arc -framework Metal -framework Foundation
+ * -framework CoreGraphics (MTLCreateSystemDefaultDevice needs CoreGraphics
+ * linked in a command-line tool; see mtl_open_body).
+ */
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+#include <dispatch/dispatch.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "metal_runner.h"
+#include "protocol.h"
+
+#if __has_feature(objc_arc)
+#error "runner.m manages memory by hand: compile it with -fno-objc-arc"
+#endif
+
+/*
+ * Pipelined launches and copies (no reply expected) are encoded into one open
+ * command buffer per session, committed when a waiting request needs the
+ * results (a waited launch, sync, a CPU-side copy; the session calls sync
+ * before it reads or writes buffer contents) or after MTL_BATCH commands.
+ * Fewer commits save the per-command-buffer cost (driver work and a
+ * submission each); committing every launch lets the GPU start earlier.
+ * Here early start buys almost nothing: the client queues no-reply requests
+ * and sends them in one burst when it makes a waiting call (or passes 64 KiB),
+ * so launches reach the runner back to back, immediately followed by the
+ * request that waits for them. The bound only matters for long streams, where
+ * it keeps the GPU busy while later launches are still being encoded.
+ * 64 is a guess to be measured on an M-series Mac; nothing here has been.
+ */
+#define MTL_BATCH 64
+
+/* Committed command buffers a session tracks: the queue allows at most 64
+ * uncompleted ones (newCommandQueue), so more would only block anyway. */
+#define MTL_INFLIGHT 64
+
+/* Buffer argument table entries per kernel (Metal feature set tables; the
+ * same 31 as tinygrad's setMaxKernelBufferBindCount_). Buffers and integer
+ * arguments both take entries. */
+#define MTL_MAX_ARGS 31
+
+/* Compiled pipelines no program uses any more that the cache keeps, so a
+ * client that reconnects does not compile everything again. */
+#define MTL_CACHE_IDLE 256
+
+/* A compiled pipeline, shared by every program loaded with the same key. */
+struct mtl_pipe {
+	struct mtl_pipe *next;
+	uint8_t digest[32];		/* SHA-256 of kind[2] name NUL data */
+	id <MTLComputePipelineState> pipe;	/* owned */
+	NSUInteger maxthreads;		/* pipe.maxTotalThreadsPerThreadgroup */
+	unsigned refs;			/* be_programs using it */
+	uint64_t used;			/* when refs last dropped to 0 (LRU) */
+};
+
+struct be_program {
+	struct mtl_pipe *pipe;		/* holds one of its refs */
+	uint16_t nbufs;
+	uint16_t nvals;
+	char name[PROTO_MAX_NAME + 1];
+};
+
+struct be_buffer {
+	id <MTLBuffer> buf;		/* owned */
+	void *ptr;			/* [buf contents], fixed for its life */
+};
+
+struct be_session {
+	id <MTLCommandQueue> queue;	/* owned */
+	id <MTLCommandBuffer> open;	/* owned; being encoded, not committed */
+	size_t nopen;			/* commands encoded into open */
+	id <MTLCommandBuffer> flight[MTL_INFLIGHT];	/* owned; committed */
+	size_t nflight;
+	char err[BE_ERR_MAX];		/* first failure of a committed buffer */
+};
+
+static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
+static pthread_mutex_t mtl_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
+static uint64_t mtl_clock;		/* under mtl_lock */
+
+static void mtl_seterr(char *, const char *, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Cut a message that vsnprintf truncated back to whole UTF-8 characters. */
+static void
+mtl_trim_utf8(char *s)
+{
+	size_t i = strlen(s), cont = 0, need;
+	unsigned char c;
+
+	while (i > 0 && cont < 3 && ((unsigned char)s[i - 1] & 0xc0) == 0x80) {
+		i--;
+		cont++;
+	}
+	if (i == 0)
+		return;
+	c = (unsigned char)s[i - 1];
+	need = c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : c >= 0xc0 ? 1 : 0;
+	if (c >= 0xc0 && cont < need)
+		s[i - 1] = '\0';
+}
+
+static void
+mtl_seterr(char *err, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(err, BE_ERR_MAX, fmt, ap);
+	va_end(ap);
+	if (n >= BE_ERR_MAX)
+		mtl_trim_utf8(err);
+}
+
+/*
+ * An NSError's localizedDescription into err, never swallowed. For compile
+ * errors that is the compiler's own multi-line text, which the client wants
+ * verbatim (the one exception to backend.h's one-line messages).
+ */
+static void
+mtl_nserr(char *err, const char *what, NSError *e)
+{
+	const char *text = NULL;
+
+	if (e != nil)
+		text = [[e localizedDescription] UTF8String];
+	mtl_seterr(err, "%s: %s", what,
+	    text != NULL ? text : "(Metal gave no description)");
+}
+
+/* ---- the pipeline cache ---- */
+
+/*
+ * Programs are found by the SHA-256 of their key (protocol.md): a collision,
+ * which would hand one client another client's program, would take a break
+ * of SHA-256, so the key bytes themselves need not be kept.
+ */
+static struct mtl_pipe *
+mtl_cache_find(const uint8_t digest[32])
+{
+	struct mtl_pipe *p;
+
+	for (p = mtl_cache; p != NULL; p = p->next)
+		if (memcmp(p->digest, digest, 32) == 0)
+			return p;
+	return NULL;
+}
+
+static void
+mtl_pipe_free(struct mtl_pipe *p)
+{
+	[p->pipe release];
+	free(p);
+}
+
+/*
+ * Drop the least recently used unreferenced pipelines beyond MTL_CACHE_IDLE.
+ * A session may still have command buffers in flight that use one: they
+ * hold their own reference to it (makeCommandBuffer() keeps "pipeline
+ * states" alive until the command buffer completes).
+ */
+static void
+mtl_cache_trim(void)
+{
+	struct mtl_pipe **pp, **oldest, *victim;
+	size_t idle;
+
+	for (;;) {
+		idle = 0;
+		oldest = NULL;
+		for (pp = &mtl_cache; *pp != NULL; pp = &(*pp)->next) {
+			if ((*pp)->refs != 0)
+				continue;
+			idle++;
+			if (oldest == NULL || (*pp)->used < (*oldest)->used)
+				oldest = pp;
+		}
+		if (idle <= MTL_CACHE_IDLE)
+			return;
+		victim = *oldest;
+		*oldest = victim->next;
+		mtl_pipe_free(victim);
+	}
+}
+
+/* Compile d into a pipeline the caller owns, or nil with err set. */
+static id <MTLComputePipelineState>
+mtl_compile(const struct be_program_desc *d, char *err)
+{
+	dispatch_data_t data = nil;
+	NSString *src = nil, *name = nil;
+	MTLCompileOptions *opt = nil;
+	id <MTLLibrary> lib = nil;
+	id <MTLFunction> fn = nil;
+	id <MTLComputePipelineState> pipe = nil;
+	NSError *e = nil;
+
+	if (d->kind == PROTO_PROG_METALLIB) {
+		/* Wrap the metallib; the default destructor copies the bytes. */
+		data = dispatch_data_create(d->data, d->datalen, NULL,
+		    DISPATCH_DATA_DESTRUCTOR_DEFAULT);
+		if (data == nil) {
+			fprintf(stderr, "%s: dispatch_data_create failed\n",
+			    __func__);
+			mtl_seterr(err, "out of memory for a %zu-byte metallib",
+			    d->datalen);
+			goto fail;
+		}
+		/* Load the precompiled library. */
+		lib = [mtl_dev newLibraryWithData:data error:&e];
+		if (lib == nil) {
+			mtl_nserr(err, "metallib rejected", e);
+			goto fail;
+		}
+	} else {
+		/* The source is not NUL-terminated: take exactly datalen bytes. */
+		src = [[NSString alloc] initWithBytes:d->data
+		    length:d->datalen encoding:NSUTF8StringEncoding];
+		if (src == nil) {
+			mtl_seterr(err, "Metal source is not valid UTF-8");
+			goto fail;
+		}
+		opt = [[MTLCompileOptions alloc] init];
+		if (opt == nil) {
+			fprintf(stderr, "%s: MTLCompileOptions init failed\n",
+			    __func__);
+			mtl_seterr(err, "out of memory");
+			goto fail;
+		}
+		/*
+		 * IEEE-safe math, as tinygrad compiles unless METAL_FAST_MATH is
+		 * set (Metal's own default is fast math). fastMathEnabled is
+		 * deprecated from macOS 15 but its replacement, mathMode, is not
+		 * in the macOS 14 SDK; on 15 the system maps NO to
+		 * MTLMathModeSafe.
+		 */
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+		opt.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+		/* Compile the source. */
+		lib = [mtl_dev newLibraryWithSource:src options:opt error:&e];
+		if (lib == nil) {
+			mtl_nserr(err, "Metal compile failed", e);
+			goto fail;
+		}
+	}
+
+	/* Find the kernel. */
+	name = [[NSString alloc] initWithBytes:d->name length:strlen(d->name)
+	    encoding:NSUTF8StringEncoding];
+	if (name == nil) {
+		mtl_seterr(err, "kernel name is not valid UTF-8");
+		goto fail;
+	}
+	fn = [lib newFunctionWithName:name];
+	if (fn == nil) {
+		mtl_seterr(err, "the program has no kernel named %s", d->name);
+		goto fail;
+	}
+
+	/* Build the compute pipeline. */
+	pipe = [mtl_dev newComputePipelineStateWithFunction:fn error:&e];
+	if (pipe == nil)
+		mtl_nserr(err, "Metal pipeline creation failed", e);
+
+fail:
+	[fn release];
+	[lib release];
+	[name release];
+	[opt release];
+	[src release];
+	if (data != nil)
+		dispatch_release(data);
+	return pipe;
+}
+
+/* ---- device ---- */
+
+/* Rhello.arch: the newest Apple GPU family the device supports ("Apple9"
+ * ... "Apple1"), else "Mac2". */
+static const char *
+mtl_family(id <MTLDevice> dev)
+{
+	static const struct {
+		MTLGPUFamily family;
+		const char *name;
+	} older[] = {
+		{ MTLGPUFamilyApple6, "Apple6" },
+		{ MTLGPUFamilyApple5, "Apple5" },
+		{ MTLGPUFamilyApple4, "Apple4" },
+		{ MTLGPUFamilyApple3, "Apple3" },
+		{ MTLGPUFamilyApple2, "Apple2" },
+		{ MTLGPUFamilyApple1, "Apple1" },
+	};
+	size_t i;
+
+	/* Newest first: a GPU supports every older Apple family too. The
+	 * families newer than supportsFamily: itself (macOS 10.15) are asked
+	 * about only on systems whose SDK era knows them. */
+	if (@available(macOS 14.0, *)) {
+		if ([dev supportsFamily:MTLGPUFamilyApple9])
+			return "Apple9";
+	}
+	if (@available(macOS 13.0, *)) {
+		if ([dev supportsFamily:MTLGPUFamilyApple8])
+			return "Apple8";
+	}
+	if (@available(macOS 11.0, *)) {
+		if ([dev supportsFamily:MTLGPUFamilyApple7])
+			return "Apple7";
+	}
+	for (i = 0; i < sizeof(older) / sizeof(older[0]); i++)
+		if ([dev supportsFamily:older[i].family])
+			return older[i].name;
+	return "Mac2";
+}
+
+static int
+mtl_open_body(struct be_info *info, const char *device, char *err)
+{
+	NSArray<id <MTLDevice>> *all = nil;
+	unsigned long idx = 0;
+	const char *p, *name;
+
+	if (device == NULL || *device == '\0') {
+		/* Take the system's default GPU. */
+		mtl_dev = MTLCreateSystemDefaultDevice();
+		if (mtl_dev == nil) {
+			/* A command-line tool gets no default device unless it
+			 * links CoreGraphics: fall back to the first one listed. */
+			all = MTLCopyAllDevices();
+			if ([all count] > 0)
+				mtl_dev = [[all objectAtIndex:0] retain];
+		}
+		if (mtl_dev == nil) {
+			mtl_seterr(err, "no Metal device found");
+			goto fail;
+		}
+	} else {
+		/* A decimal index into the devices Metal lists. */
+		for (p = device; *p != '\0'; p++) {
+			if (*p < '0' || *p > '9' || p - device >= 9) {
+				mtl_seterr(err, "Metal device \"%s\" is not a "
+				    "device number (0, 1, ...)", device);
+				goto fail;
+			}
+			idx = idx * 10 + (unsigned long)(*p - '0');
+		}
+		all = MTLCopyAllDevices();
+		if (idx >= [all count]) {
+			mtl_seterr(err, "Metal device %lu does not exist: this "
+			    "Mac has %lu, numbered from 0", idx,
+			    (unsigned long)[all count]);
+			goto fail;
+		}
+		mtl_dev = [[all objectAtIndex:idx] retain];
+	}
+	[all release];
+	all = nil;
+
+	memset(info, 0, sizeof(*info));
+	info->backend = PROTO_BACKEND_METAL;
+	info->caps = PROTO_CAP_METALLIB | PROTO_CAP_METAL_SOURCE;
+	if ([mtl_dev hasUnifiedMemory])
+		info->caps |= PROTO_CAP_UNIFIED;
+	info->ncores = 1;
+	info->memory = [mtl_dev recommendedMaxWorkingSetSize];
+	info->maxbuf = [mtl_dev maxBufferLength];
+	name = [[mtl_dev name] UTF8String];
+	snprintf(info->name, sizeof(info->name), "%s",
+	    name != NULL ? name : "Metal device");
+	snprintf(info->arch, sizeof(info->arch), "%s", mtl_family(mtl_dev));
+	return 0;
+
+fail:
+	[all release];
+	return -1;
+}
+
+static int
+mtl_open(struct be_info *info, const char *device, char *err)
+{
+	int r;
+
+	@autoreleasepool {
+		r = mtl_open_body(info, device, err);
+	}
+	return r;
+}
+
+/* At shutdown, after every session is closed. */
+static void
+mtl_close(void)
+{
+	struct mtl_pipe *p;
+
+	@autoreleasepool {
+		pthread_mutex_lock(&mtl_lock);
+		while ((p = mtl_cache) != NULL) {
+			mtl_cache = p->next;
+			mtl_pipe_free(p);
+		}
+		pthread_mutex_unlock(&mtl_lock);
+		[mtl_dev release];
+		mtl_dev = nil;
+	}
+}
+
+/* ---- command buffers ---- */
+
+/*
+ * Release the session's committed command buffers that have finished (all
+ * of them, waiting, with waitall), keeping the first failure for sync.
+ */
+static void
+mtl_reap(struct be_session *s, int waitall)
+{
+	id <MTLCommandBuffer> cb;
+	MTLCommandBufferStatus st;
+	size_t i, k = 0;
+
+	for (i = 0; i < s->nflight; i++) {
+		cb = s->flight[i];
+		/* Wait for the GPU to finish it. */
+		if (waitall)
+			[cb waitUntilCompleted];
+		st = [cb status];
+		if (st != MTLCommandBufferStatusCompleted &&
+		    st != MTLCommandBufferStatusError) {
+			s->flight[k++] = cb;
+			continue;
+		}
+		if (st == MTLCommandBufferStatusError && s->err[0] == '\0')
+			mtl_nserr(s->err, "GPU work failed", [cb error]);
+		[cb release];
+	}
+	s->nflight = k;
+}
+
+/* Submit the open command buffer, if any, without waiting. */
+static void
+mtl_commit(struct be_session *s)
+{
+	if (s->open == nil)
+		return;
+	mtl_reap(s, 0);
+	if (s->nflight == MTL_INFLIGHT) {
+		/* Wait for the oldest; the queue would block us anyway. */
+		[s->flight[0] waitUntilCompleted];
+		mtl_reap(s, 0);
+	}
+	/* Submit the command buffer; the queue runs them in order. */
+	[s->open commit];
+	s->flight[s->nflight++] = s->open;	/* the list takes our reference */
+	s->open = nil;
+	s->nopen = 0;
+}
+
+/* Submit everything and wait until the GPU has done all of it. */
+static void
+mtl_drain(struct be_session *s)
+{
+	mtl_commit(s);
+	mtl_reap(s, 1);
+}
+
+/* The session's open command buffer, started if there is none. */
+static id <MTLCommandBuffer>
+mtl_cmdbuf(struct be_session *s, char *err)
+{
+	id <MTLCommandBuffer> cb;
+
+	if (s->open != nil)
+		return s->open;
+	/* Start a command buffer; it keeps what it uses alive until done. */
+	cb = [s->queue commandBuffer];
+	if (cb == nil) {
+		fprintf(stderr, "%s: commandBuffer returned nil\n", __func__);
+		mtl_seterr(err, "Metal could not create a command buffer");
+		return nil;
+	}
+	s->open = [cb retain];
+	return cb;
+}
+
+/* ---- sessions ---- */
+
+static struct be_session *
+mtl_session_open_body(char *err)
+{
+	struct be_session *s;
+
+	if ((s = calloc(1, sizeof(*s))) == NULL) {
+		mtl_seterr(err, "out of memory");
+		return NULL;
+	}
+	/*
+	 * One command queue per session rather than one shared: a queue runs
+	 * its command buffers in order and allows only 64 uncompleted ones
+	 * (newCommandQueue), so with a shared queue one client streaming work
+	 * would delay every other client's sync and could block their
+	 * commandBuffer calls. Separate queues keep sessions independent. A
+	 * queue is made once per connection and kept for its whole life, as
+	 * Apple advises for queues ("create one or more command queues when
+	 * your app launches and then keep them").
+	 */
+	s->queue = [mtl_dev newCommandQueue];
+	if (s->queue == nil) {
+		fprintf(stderr, "%s: newCommandQueue returned nil\n", __func__);
+		mtl_seterr(err, "Metal could not create a command queue");
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+static struct be_session *
+mtl_session_open(char *err)
+{
+	struct be_session *s;
+
+	@autoreleasepool {
+		s = mtl_session_open_body(err);
+	}
+	return s;
+}
+
+/* The session has freed or abandoned its handles; a pending error is moot. */
+static void
+mtl_session_close(struct be_session *s)
+{
+	@autoreleasepool {
+		mtl_drain(s);
+		[s->queue release];
+	}
+	free(s);
+}
+
+static int
+mtl_sync(struct be_session *s, char *err)
+{
+	@autoreleasepool {
+		mtl_drain(s);
+	}
+	if (s->err[0] != '\0') {
+		memcpy(err, s->err, BE_ERR_MAX);
+		s->err[0] = '\0';
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- buffers ---- */
+
+static struct be_buffer *
+mtl_alloc_body(uint64_t size, char *err)
+{
+	struct be_buffer *b;
+
+	if ((b = calloc(1, sizeof(*b))) == NULL) {
+		mtl_seterr(err, "out of memory");
+		return NULL;
+	}
+	/* Allocate memory CPU and GPU share (zero-filled by Metal). */
+	b->buf = [mtl_dev newBufferWithLength:(NSUInteger)size
+	    options:MTLResourceStorageModeShared];
+	if (b->buf == nil) {
+		mtl_seterr(err, "Metal could not allocate %llu bytes",
+		    (unsigned long long)size);
+		free(b);
+		return NULL;
+	}
+	b->ptr = [b->buf contents];
+	return b;
+}
+
+static struct be_buffer *
+mtl_alloc(struct be_session *s, uint64_t size, char *err)
+{
+	struct be_buffer *b;
+
+	(void)s;
+	@autoreleasepool {
+		b = mtl_alloc_body(size, err);
+	}
+	return b;
+}
+
+/* Command buffers still in flight keep the MTLBuffer alive until they end. */
+static void
+mtl_free(struct be_session *s, struct be_buffer *b)
+{
+	(void)s;
+	@autoreleasepool {
+		[b->buf release];
+	}
+	free(b);
+}
+
+/*
+ * Storage mode shared: the pointer is the memory itself. The session calls
+ * sync before it touches contents, so no GPU work on it is outstanding
+ * (storageModeShared: "Ensure that all changes you schedule on either the
+ * CPU or GPU ... complete before accessing that resource on the other").
+ */
+static void *
+mtl_contents(struct be_buffer *b)
+{
+	return b->ptr;
+}
+
+static int
+mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
+    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err)
+{
+	id <MTLCommandBuffer> cb;
+	id <MTLBlitCommandEncoder> blit;
+	int overlap;
+
+	if (count == 0)
+		return 0;
+	/* The session checked both ranges, so these sums cannot wrap. */
+	overlap = dst == src && dstoff < srcoff + count &&
+	    srcoff < dstoff + count;
+	if (overlap || (dstoff | srcoff | count) % 4 != 0) {
+		/*
+		 * A blit between overlapping ranges of one buffer is undefined,
+		 * and on macOS blit offsets and size must be multiples of 4.
+		 * Storage is shared: wait for the GPU, then memmove on the CPU.
+		 */
+		mtl_drain(s);
+		memmove((uint8_t *)dst->ptr + dstoff,
+		    (const uint8_t *)src->ptr + srcoff, (size_t)count);
+		return 0;
+	}
+	if ((cb = mtl_cmdbuf(s, err)) == nil)
+		return -1;
+	/* Start a blit pass; it runs after the passes encoded before it. */
+	blit = [cb blitCommandEncoder];
+	if (blit == nil) {
+		fprintf(stderr, "%s: blitCommandEncoder returned nil\n",
+		    __func__);
+		mtl_seterr(err, "Metal could not create a blit encoder");
+		return -1;
+	}
+	/* Copy on the GPU. */
+	[blit copyFromBuffer:src->buf sourceOffset:(NSUInteger)srcoff
+	    toBuffer:dst->buf destinationOffset:(NSUInteger)dstoff
+	    size:(NSUInteger)count];
+	/* End the blit pass. */
+	[blit endEncoding];
+	if (++s->nopen >= MTL_BATCH)
+		mtl_commit(s);
+	return 0;
+}
+
+static int
+mtl_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
+    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err)
+{
+	int r;
+
+	@autoreleasepool {
+		r = mtl_copy_body(s, dst, dstoff, src, srcoff, count, err);
+	}
+	return r;
+}
+
+/* ---- programs ---- */
+
+static struct be_program *
+mtl_load_body(const struct be_program_desc *d, char *err)
+{
+	struct be_program *prog = NULL;
+	struct mtl_pipe *p, *q, *fresh = NULL;
+	id <MTLComputePipelineState> pipe;
+	uint8_t *key, digest[32];
+	size_t namelen, keylen;
+
+	if (d->kind != PROTO_PROG_METALLIB &&
+	    d->kind != PROTO_PROG_METAL_SOURCE) {
+		mtl_seterr(err, "backend metal does not accept CPU images");
+		return NULL;
+	}
+	if ((unsigned)d->nbufs + d->nvals > MTL_MAX_ARGS) {
+		mtl_seterr(err, "%s takes %u arguments; a Metal kernel can "
+		    "bind at most %d (buffers and integers together)", d->name,
+		    (unsigned)d->nbufs + d->nvals, MTL_MAX_ARGS);
+		return NULL;
+	}
+
+	if ((prog = calloc(1, sizeof(*prog))) == NULL ||
+	    (fresh = calloc(1, sizeof(*fresh))) == NULL) {
+		mtl_seterr(err, "out of memory");
+		goto fail;
+	}
+	/* kind[2] name NUL data: the name holds no NUL, so the key is unique. */
+	namelen = strlen(d->name);
+	keylen = 2 + namelen + 1 + d->datalen;
+	if ((key = malloc(keylen)) == NULL) {
+		mtl_seterr(err, "out of memory");
+		goto fail;
+	}
+	key[0] = (uint8_t)(d->kind & 0xff);
+	key[1] = (uint8_t)(d->kind >> 8);
+	memcpy(key + 2, d->name, namelen + 1);
+	memcpy(key + 2 + namelen + 1, d->data, d->datalen);
+	sha256(key, keylen, digest);
+	free(key);
+
+	pthread_mutex_lock(&mtl_lock);
+	if ((p = mtl_cache_find(digest)) != NULL)
+		p->refs++;
+	pthread_mutex_unlock(&mtl_lock);
+
+	if (p == NULL) {
+		/* Compile outside the lock; other sessions keep running. */
+		if ((pipe = mtl_compile(d, err)) == nil)
+			goto fail;
+		fresh->maxthreads = [pipe maxTotalThreadsPerThreadgroup];
+		pthread_mutex_lock(&mtl_lock);
+		if ((q = mtl_cache_find(digest)) != NULL) {
+			/* Another session compiled it meanwhile: use theirs. */
+			q->refs++;
+			pthread_mutex_unlock(&mtl_lock);
+			[pipe release];
+			p = q;
+		} else {
+			memcpy(fresh->digest, digest, sizeof(digest));
+			fresh->pipe = pipe;
+			fresh->refs = 1;
+			fresh->next = mtl_cache;
+			mtl_cache = fresh;
+			pthread_mutex_unlock(&mtl_lock);
+			p = fresh;
+			fresh = NULL;
+		}
+	}
+
+	free(fresh);
+	prog->pipe = p;
+	prog->nbufs = d->nbufs;
+	prog->nvals = d->nvals;
+	snprintf(prog->name, sizeof(prog->name), "%s", d->name);
+	return prog;
+
+fail:
+	free(fresh);
+	free(prog);
+	return NULL;
+}
+
+static struct be_program *
+mtl_load(struct be_session *s, const struct be_program_desc *d, char *err)
+{
+	struct be_program *prog;
+
+	(void)s;
+	@autoreleasepool {
+		prog = mtl_load_body(d, err);
+	}
+	return prog;
+}
+
+static void
+mtl_unload(struct be_session *s, struct be_program *prog)
+{
+	(void)s;
+	@autoreleasepool {
+		pthread_mutex_lock(&mtl_lock);
+		if (--prog->pipe->refs == 0)
+			prog->pipe->used = ++mtl_clock;
+		mtl_cache_trim();
+		pthread_mutex_unlock(&mtl_lock);
+	}
+	free(prog);
+}
+
+/* ---- launches ---- */
+
+/* Everything Metal would reject, checked before anything is encoded. */
+static int
+mtl_check(const struct be_launch *l, char *err)
+{
+	const struct be_program *prog = l->prog;
+	uint64_t threads;
+	uint16_t i;
+
+	threads = (uint64_t)l->local[0] * l->local[1];
+	if (l->local[2] != 0 && threads > UINT64_MAX / l->local[2])
+		threads = UINT64_MAX;
+	else
+		threads *= l->local[2];
+	if (threads > prog->pipe->maxthreads) {
+		mtl_seterr(err, "%s: local size %ux%ux%u is %llu threads per "
+		    "threadgroup; this pipeline allows %lu "
+		    "(maxTotalThreadsPerThreadgroup)", prog->name,
+		    l->local[0], l->local[1], l->local[2],
+		    (unsigned long long)threads,
+		    (unsigned long)prog->pipe->maxthreads);
+		return -1;
+	}
+	/* Kernels take int (or uint) values: accept what either can hold. */
+	for (i = 0; i < l->nvals; i++)
+		if (l->vals[i] < INT32_MIN || l->vals[i] > (int64_t)UINT32_MAX) {
+			mtl_seterr(err, "%s: value argument %u is %lld, which "
+			    "does not fit the kernel's 32-bit int", prog->name,
+			    (unsigned)i, (long long)l->vals[i]);
+			return -1;
+		}
+	return 0;
+}
+
+static void
+mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
+{
+	uint32_t v;
+	uint16_t i;
+
+	/* Select the kernel. */
+	[enc setComputePipelineState:l->prog->pipe->pipe];
+	/* Bind the buffers to entries 0 .. nbufs-1. */
+	for (i = 0; i < l->nbufs; i++)
+		[enc setBuffer:l->bufs[i]->buf
+		    offset:(NSUInteger)l->offsets[i] atIndex:i];
+	/* Copy each integer in after them, as 32 bits (tinygrad's Metal
+	 * kernels declare them constant int&, following the buffers). */
+	for (i = 0; i < l->nvals; i++) {
+		v = (uint32_t)l->vals[i];
+		[enc setBytes:&v length:sizeof(v)
+		    atIndex:(NSUInteger)l->nbufs + i];
+	}
+	/* Launch global threadgroups of local threads each. */
+	[enc dispatchThreadgroups:MTLSizeMake(l->global[0], l->global[1],
+	    l->global[2]) threadsPerThreadgroup:MTLSizeMake(l->local[0],
+	    l->local[1], l->local[2])];
+}
+
+static int
+mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
+    int wait, uint64_t *ns, char *err)
+{
+	id <MTLCommandBuffer> cb;
+	id <MTLComputeCommandEncoder> enc;
+	CFTimeInterval t;
+	size_t i;
+
+	for (i = 0; i < n; i++)
+		if (mtl_check(&l[i], err) == -1)
+			return -1;
+	if (ns != NULL)
+		*ns = 0;
+	if (n == 0)
+		return 0;
+	/* Time only this work: earlier launches go in their own buffer. */
+	if (wait)
+		mtl_commit(s);
+	if ((cb = mtl_cmdbuf(s, err)) == nil)
+		return -1;
+
+	/*
+	 * Start a compute pass. One pass holds all n launches (a graph): its
+	 * encoder "dispatches its compute commands serially", so each launch
+	 * sees the writes of the one before, as with a pass per launch, at the
+	 * cost of one encoder instead of n.
+	 */
+	enc = [cb computeCommandEncoder];
+	if (enc == nil) {
+		fprintf(stderr, "%s: computeCommandEncoder returned nil\n",
+		    __func__);
+		mtl_seterr(err, "Metal could not create a compute encoder");
+		return -1;
+	}
+	for (i = 0; i < n; i++)
+		mtl_encode(enc, &l[i]);
+	/* End the compute pass. */
+	[enc endEncoding];
+	s->nopen += n;
+
+	if (!wait) {
+		if (s->nopen >= MTL_BATCH)
+			mtl_commit(s);
+		return 0;
+	}
+
+	s->open = nil;
+	s->nopen = 0;
+	/* Submit, and wait for the GPU to finish. */
+	[cb commit];
+	[cb waitUntilCompleted];
+	if ([cb status] == MTLCommandBufferStatusError) {
+		mtl_nserr(err, "kernel failed on the GPU", [cb error]);
+		[cb release];
+		return -1;
+	}
+	/* The GPU's own start and end times, in seconds. */
+	t = [cb GPUEndTime] - [cb GPUStartTime];
+	if (ns != NULL && t > 0)
+		*ns = (uint64_t)(t * 1e9);
+	[cb release];
+	return 0;
+}
+
+static int
+mtl_launch(struct be_session *s, const struct be_launch *l, size_t n,
+    int wait, uint64_t *ns, char *err)
+{
+	int r;
+
+	@autoreleasepool {
+		r = mtl_launch_body(s, l, n, wait, ns, err);
+	}
+	return r;
+}
+
+const struct backend be_metal = {
+	.name = "metal",
+	.isolation = BE_ISOLATE_THREAD,
+	.open = mtl_open,
+	.close = mtl_close,
+	.session_open = mtl_session_open,
+	.session_close = mtl_session_close,
+	.alloc = mtl_alloc,
+	.free = mtl_free,
+	.contents = mtl_contents,
+	.copy = mtl_copy,
+	.load = mtl_load,
+	.unload = mtl_unload,
+	.launch = mtl_launch,
+	.sync = mtl_sync,
+};

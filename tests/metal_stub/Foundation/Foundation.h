@@ -1,0 +1,72 @@
+/*
+ * tests/metal_stub/Foundation/Foundation.h: the Foundation declarations
+ * daemon/runner.m uses, for type-checking it on Linux. Not Apple's header:
+ * each declaration is written from Apple's documented signature, cited
+ * beside it. See tests/metal_stub/README.md.
+ */
+#ifndef METAL_STUB_FOUNDATION_H
+#define METAL_STUB_FOUNDATION_H
+
+#include <stdint.h>
+#include <objc/objc.h>
+#include <objc/NSObject.h>
+#include <dispatch/dispatch.h>
+
+/* Enum and nullability macros as <Foundation/NSObjCRuntime.h> and
+ * <CoreFoundation/CFAvailability.h> define them: an enum with a fixed
+ * underlying type. */
+#define NS_ENUM(_type, _name) enum _name : _type _name; enum _name : _type
+#define NS_OPTIONS(_type, _name) enum _name : _type _name; enum _name : _type
+#define NS_ASSUME_NONNULL_BEGIN _Pragma("clang assume_nonnull begin")
+#define NS_ASSUME_NONNULL_END _Pragma("clang assume_nonnull end")
+
+/* Availability annotations. The stubs record the versions Apple documents
+ * but the Linux type check cannot enforce them (see README.md), so they
+ * expand to nothing. */
+#define API_AVAILABLE(...)
+#define API_DEPRECATED(...)
+
+/* typedef double CFTimeInterval; (CoreFoundation, which Foundation imports)
+ * https://developer.apple.com/documentation/corefoundation/cftimeinterval */
+typedef double CFTimeInterval;
+
+NS_ASSUME_NONNULL_BEGIN
+
+/* typedef NSUInteger NSStringEncoding; NSUTF8StringEncoding = 4
+ * https://developer.apple.com/documentation/foundation/nsstringencoding
+ * https://developer.apple.com/documentation/foundation/nsutf8stringencoding */
+typedef NSUInteger NSStringEncoding;
+enum {
+	NSUTF8StringEncoding = 4
+};
+
+@interface NSString : NSObject
+/* - (nullable instancetype)initWithBytes:(const void *)bytes
+ *     length:(NSUInteger)len encoding:(NSStringEncoding)encoding;
+ * "The return byte strings are allowed to be unterminated."
+ * https://developer.apple.com/documentation/foundation/nsstring/init(bytes:length:encoding:) */
+- (nullable instancetype)initWithBytes:(const void *)bytes
+    length:(NSUInteger)len encoding:(NSStringEncoding)encoding;
+/* @property(nullable, readonly) const char *UTF8String;
+ * https://developer.apple.com/documentation/foundation/nsstring/utf8string */
+@property (nullable, readonly) const char *UTF8String NS_RETURNS_INNER_POINTER;
+@end
+
+@interface NSError : NSObject
+/* @property(readonly, copy) NSString *localizedDescription;
+ * https://developer.apple.com/documentation/foundation/nserror/localizeddescription */
+@property (readonly, copy) NSString *localizedDescription;
+@end
+
+@interface NSArray<__covariant ObjectType> : NSObject
+/* @property(readonly) NSUInteger count;
+ * https://developer.apple.com/documentation/foundation/nsarray/count */
+@property (readonly) NSUInteger count;
+/* - (ObjectType)objectAtIndex:(NSUInteger)index;
+ * https://developer.apple.com/documentation/foundation/nsarray/object(at:) */
+- (ObjectType)objectAtIndex:(NSUInteger)index;
+@end
+
+NS_ASSUME_NONNULL_END
+
+#endif

@@ -1,0 +1,262 @@
+/*
+ * tests/metal_stub/Metal/Metal.h: the Metal declarations daemon/runner.m
+ * uses, for type-checking it on Linux. Not Apple's header: each declaration
+ * is written from Apple's documented Objective-C signature (selector,
+ * argument and return types), cited beside it, and cross-checked against
+ * copies of the SDK's MTLDevice.h / MTLCommandBuffer.h / MTLBlitCommandEncoder.h
+ * / MTLComputeCommandEncoder.h found in public repositories.
+ * Anything runner.m sends that is not declared here fails the type check.
+ * See tests/metal_stub/README.md.
+ */
+#ifndef METAL_STUB_METAL_H
+#define METAL_STUB_METAL_H
+
+#include <Foundation/Foundation.h>
+
+NS_ASSUME_NONNULL_BEGIN
+
+/* ---- MTLTypes.h ---- */
+
+/* typedef struct { NSUInteger width, height, depth; } MTLSize;
+ * https://developer.apple.com/documentation/metal/mtlsize */
+typedef struct {
+	NSUInteger width, height, depth;
+} MTLSize;
+
+/* MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUInteger depth);
+ * (MTL_INLINE in the SDK)
+ * https://developer.apple.com/documentation/metal/mtlsizemake(_:_:_:) */
+static inline MTLSize
+MTLSizeMake(NSUInteger width, NSUInteger height, NSUInteger depth)
+{
+	MTLSize size = { width, height, depth };
+	return size;
+}
+
+/* ---- MTLResource.h ---- */
+
+/* MTLStorageModeShared = 0; MTLResourceStorageModeShift = 4;
+ * MTLResourceStorageModeShared = MTLStorageModeShared << MTLResourceStorageModeShift
+ * https://developer.apple.com/documentation/metal/mtlstoragemode
+ * https://developer.apple.com/documentation/metal/mtlresourceoptions/storagemodeshared */
+typedef NS_ENUM(NSUInteger, MTLStorageMode) {
+	MTLStorageModeShared = 0
+};
+#define MTLResourceStorageModeShift 4
+typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
+	MTLResourceStorageModeShared = MTLStorageModeShared << MTLResourceStorageModeShift
+};
+
+/* https://developer.apple.com/documentation/metal/mtlresource */
+@protocol MTLResource <NSObject>
+@end
+
+/* ---- MTLBuffer.h ---- */
+
+@protocol MTLBuffer <MTLResource>
+/* - (void *)contents;
+ * "A pointer to the shared copy of the buffer data"
+ * https://developer.apple.com/documentation/metal/mtlbuffer/contents() */
+- (void *)contents NS_RETURNS_INNER_POINTER;
+@end
+
+/* ---- MTLLibrary.h ---- */
+
+/* https://developer.apple.com/documentation/metal/mtlfunction */
+@protocol MTLFunction <NSObject>
+@end
+
+@protocol MTLLibrary <NSObject>
+/* - (nullable id<MTLFunction>)newFunctionWithName:(NSString *)functionName;
+ * "nil if the named function isn't found in the library"
+ * https://developer.apple.com/documentation/metal/mtllibrary/makefunction(name:) */
+- (nullable id <MTLFunction>)newFunctionWithName:(NSString *)functionName;
+@end
+
+/* https://developer.apple.com/documentation/metal/mtlcompileoptions */
+@interface MTLCompileOptions : NSObject
+/* @property(readwrite, nonatomic) BOOL fastMathEnabled;
+ * Deprecated in macOS 15 in favour of mathMode (which macOS 14 SDKs lack);
+ * declared deprecated here so the type check proves runner.m's use of it
+ * stays warning-free under -Werror.
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/fastmathenabled */
+@property (readwrite, nonatomic) BOOL fastMathEnabled
+    __attribute__((deprecated("Use mathMode instead")));
+@end
+
+/* ---- MTLComputePipeline.h ---- */
+
+@protocol MTLComputePipelineState <NSObject>
+/* @property(readonly) NSUInteger maxTotalThreadsPerThreadgroup;
+ * https://developer.apple.com/documentation/metal/mtlcomputepipelinestate/maxtotalthreadsperthreadgroup */
+@property (readonly) NSUInteger maxTotalThreadsPerThreadgroup;
+@end
+
+/* ---- MTLCommandEncoder.h, MTLComputeCommandEncoder.h, MTLBlitCommandEncoder.h ---- */
+
+@protocol MTLCommandEncoder <NSObject>
+/* - (void)endEncoding;
+ * https://developer.apple.com/documentation/metal/mtlcommandencoder/endencoding() */
+- (void)endEncoding;
+@end
+
+@protocol MTLComputeCommandEncoder <MTLCommandEncoder>
+/* - (void)setComputePipelineState:(id<MTLComputePipelineState>)state;
+ * https://developer.apple.com/documentation/metal/mtlcomputecommandencoder/setcomputepipelinestate(_:) */
+- (void)setComputePipelineState:(id <MTLComputePipelineState>)state;
+/* - (void)setBytes:(const void *)bytes length:(NSUInteger)length atIndex:(NSUInteger)index;
+ * https://developer.apple.com/documentation/metal/mtlcomputecommandencoder/setbytes(_:length:index:) */
+- (void)setBytes:(const void *)bytes length:(NSUInteger)length
+    atIndex:(NSUInteger)index;
+/* - (void)setBuffer:(nullable id<MTLBuffer>)buffer offset:(NSUInteger)offset atIndex:(NSUInteger)index;
+ * https://developer.apple.com/documentation/metal/mtlcomputecommandencoder/setbuffer(_:offset:index:) */
+- (void)setBuffer:(nullable id <MTLBuffer>)buffer offset:(NSUInteger)offset
+    atIndex:(NSUInteger)index;
+/* - (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid
+ *     threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+ * https://developer.apple.com/documentation/metal/mtlcomputecommandencoder/dispatchthreadgroups(_:threadsperthreadgroup:) */
+- (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid
+    threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+@end
+
+@protocol MTLBlitCommandEncoder <MTLCommandEncoder>
+/* - (void)copyFromBuffer:(id<MTLBuffer>)sourceBuffer sourceOffset:(NSUInteger)sourceOffset
+ *     toBuffer:(id<MTLBuffer>)destinationBuffer destinationOffset:(NSUInteger)destinationOffset
+ *     size:(NSUInteger)size;
+ * "In macOS, sourceOffset needs to be a multiple of 4" (likewise
+ * destinationOffset and size).
+ * https://developer.apple.com/documentation/metal/mtlblitcommandencoder/copy(from:sourceoffset:to:destinationoffset:size:) */
+- (void)copyFromBuffer:(id <MTLBuffer>)sourceBuffer
+    sourceOffset:(NSUInteger)sourceOffset
+    toBuffer:(id <MTLBuffer>)destinationBuffer
+    destinationOffset:(NSUInteger)destinationOffset
+    size:(NSUInteger)size;
+@end
+
+/* ---- MTLCommandBuffer.h ---- */
+
+/* https://developer.apple.com/documentation/metal/mtlcommandbufferstatus */
+typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
+	MTLCommandBufferStatusNotEnqueued = 0,
+	MTLCommandBufferStatusEnqueued = 1,
+	MTLCommandBufferStatusCommitted = 2,
+	MTLCommandBufferStatusScheduled = 3,
+	MTLCommandBufferStatusCompleted = 4,
+	MTLCommandBufferStatusError = 5
+};
+
+@protocol MTLCommandBuffer <NSObject>
+/* @property(readonly) CFTimeInterval GPUStartTime;  (macOS 10.15)
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/gpustarttime */
+@property (readonly) CFTimeInterval GPUStartTime;
+/* @property(readonly) CFTimeInterval GPUEndTime;  (macOS 10.15)
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/gpuendtime */
+@property (readonly) CFTimeInterval GPUEndTime;
+/* - (void)commit;
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/commit() */
+- (void)commit;
+/* - (void)waitUntilCompleted;
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/waituntilcompleted() */
+- (void)waitUntilCompleted;
+/* @property(readonly) MTLCommandBufferStatus status;
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/status */
+@property (readonly) MTLCommandBufferStatus status;
+/* @property(nullable, readonly) NSError *error;
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/error */
+@property (nullable, readonly) NSError *error;
+/* - (nullable id<MTLBlitCommandEncoder>)blitCommandEncoder;
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/makeblitcommandencoder() */
+- (nullable id <MTLBlitCommandEncoder>)blitCommandEncoder;
+/* - (nullable id<MTLComputeCommandEncoder>)computeCommandEncoder;
+ * "dispatches its compute commands serially" (MTLDispatchTypeSerial)
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffer/makecomputecommandencoder() */
+- (nullable id <MTLComputeCommandEncoder>)computeCommandEncoder;
+@end
+
+/* ---- MTLCommandQueue.h ---- */
+
+@protocol MTLCommandQueue <NSObject>
+/* - (nullable id<MTLCommandBuffer>)commandBuffer;
+ * Autoreleased; "maintain[s] strong references to the resources you encode
+ * into it, including buffers, textures, samplers, and pipeline states."
+ * https://developer.apple.com/documentation/metal/mtlcommandqueue/makecommandbuffer() */
+- (nullable id <MTLCommandBuffer>)commandBuffer;
+@end
+
+/* ---- MTLDevice.h ---- */
+
+/* https://developer.apple.com/documentation/metal/mtlgpufamily
+ * (values from the SDK's MTLDevice.h: Apple1 = 1001 ... Apple9 = 1009,
+ * Mac2 = 2002) */
+typedef NS_ENUM(NSInteger, MTLGPUFamily) {
+	MTLGPUFamilyApple1 = 1001,
+	MTLGPUFamilyApple2 = 1002,
+	MTLGPUFamilyApple3 = 1003,
+	MTLGPUFamilyApple4 = 1004,
+	MTLGPUFamilyApple5 = 1005,
+	MTLGPUFamilyApple6 = 1006,
+	MTLGPUFamilyApple7 = 1007,
+	MTLGPUFamilyApple8 = 1008,
+	MTLGPUFamilyApple9 = 1009,
+	MTLGPUFamilyMac2 = 2002
+};
+
+@protocol MTLDevice <NSObject>
+/* @property(nonnull, readonly) NSString *name;
+ * https://developer.apple.com/documentation/metal/mtldevice/name */
+@property (nonnull, readonly) NSString *name;
+/* @property(readonly) BOOL hasUnifiedMemory;  (macOS 10.15)
+ * https://developer.apple.com/documentation/metal/mtldevice/hasunifiedmemory */
+@property (readonly) BOOL hasUnifiedMemory;
+/* @property(readonly) uint64_t recommendedMaxWorkingSetSize;  (macOS 10.12)
+ * https://developer.apple.com/documentation/metal/mtldevice/recommendedmaxworkingsetsize */
+@property (readonly) uint64_t recommendedMaxWorkingSetSize;
+/* @property(readonly) NSUInteger maxBufferLength;  (macOS 10.14)
+ * https://developer.apple.com/documentation/metal/mtldevice/maxbufferlength */
+@property (readonly) NSUInteger maxBufferLength;
+/* - (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;  (macOS 10.15)
+ * https://developer.apple.com/documentation/metal/mtldevice/supportsfamily(_:) */
+- (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily;
+/* - (nullable id<MTLCommandQueue>)newCommandQueue;
+ * "allow up to 64 uncompleted command buffers at time"
+ * https://developer.apple.com/documentation/metal/mtldevice/makecommandqueue() */
+- (nullable id <MTLCommandQueue>)newCommandQueue;
+/* - (nullable id<MTLBuffer>)newBufferWithLength:(NSUInteger)length
+ *     options:(MTLResourceOptions)options;
+ * https://developer.apple.com/documentation/metal/mtldevice/makebuffer(length:options:) */
+- (nullable id <MTLBuffer>)newBufferWithLength:(NSUInteger)length
+    options:(MTLResourceOptions)options;
+/* - (nullable id<MTLLibrary>)newLibraryWithData:(dispatch_data_t)data
+ *     error:(__autoreleasing NSError **)error;
+ * https://developer.apple.com/documentation/metal/mtldevice/makelibrary(data:) */
+- (nullable id <MTLLibrary>)newLibraryWithData:(dispatch_data_t)data
+    error:(__autoreleasing NSError * _Nullable * _Nullable)error;
+/* - (nullable id<MTLLibrary>)newLibraryWithSource:(NSString *)source
+ *     options:(nullable MTLCompileOptions *)options
+ *     error:(__autoreleasing NSError **)error;
+ * https://developer.apple.com/documentation/metal/mtldevice/makelibrary(source:options:) */
+- (nullable id <MTLLibrary>)newLibraryWithSource:(NSString *)source
+    options:(nullable MTLCompileOptions *)options
+    error:(__autoreleasing NSError * _Nullable * _Nullable)error;
+/* - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:
+ *     (id<MTLFunction>)computeFunction error:(__autoreleasing NSError **)error;
+ * https://developer.apple.com/documentation/metal/mtldevice/makecomputepipelinestate(function:) */
+- (nullable id <MTLComputePipelineState>)newComputePipelineStateWithFunction:
+    (id <MTLFunction>)computeFunction
+    error:(__autoreleasing NSError * _Nullable * _Nullable)error;
+@end
+
+/* id<MTLDevice> MTLCreateSystemDefaultDevice(void);  nullable, returns retained.
+ * "In macOS, in order for the system to provide a default Metal device
+ * object, you need to link to the CoreGraphics framework."
+ * https://developer.apple.com/documentation/metal/mtlcreatesystemdefaultdevice() */
+extern id <MTLDevice> _Nullable MTLCreateSystemDefaultDevice(void)
+    NS_RETURNS_RETAINED;
+
+/* NSArray<id<MTLDevice>> *MTLCopyAllDevices(void);  macOS only, returns retained.
+ * https://developer.apple.com/documentation/metal/mtlcopyalldevices() */
+extern NSArray<id <MTLDevice>> *MTLCopyAllDevices(void) NS_RETURNS_RETAINED;
+
+NS_ASSUME_NONNULL_END
+
+#endif
