@@ -1,0 +1,321 @@
+"""One TCP connection to a metal_runner daemon (protocol.md): class Runner and the errors it raises.
+
+Requests without a reply (alloc, free, write, copy, load, unload, graph, graph_free, and launch/graph_run without wait) are
+appended to a send buffer, which is flushed when a waiting call is made (read, sync, ping, launch/graph_run with wait)
+or once it passes 64 KiB. The runner sends the errors of such requests just before its next reply, so a waiting call
+raises the first of them, after consuming its own reply. Bulk data (write, large program images) is sent from the
+caller's buffer without copying and read() receives straight into the caller's memoryview.
+
+Environment:
+  METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
+  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped); used when the
+                           runner demands authentication and no token= is given
+"""
+from __future__ import annotations
+import dataclasses, hashlib, hmac, os, socket, time
+from . import protocol as P
+
+FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
+COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
+AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
+
+class RunnerError(RuntimeError):
+  """The runner rejected a request: .code (int), .code_name ("EHANDLE"), .text (the runner's message), .tag, .request
+  (the failing request, e.g. "Tlaunch prog=3 (E_4_4)"), .addr, and .others: errors of later requests reported at the same time."""
+  def __init__(self, addr:str, code:int, text:str, tag:int|None=None, request:str|None=None):
+    self.addr, self.code, self.text, self.tag, self.request, self.others = addr, code, text, tag, request, []
+    self.code_name = P.ERRORS.get(code, f"E{code}") if code else ""
+    super().__init__(addr, code, text, tag, request)
+  def reason(self) -> str:
+    what = self.text if self.code != P.ECRASH else f"the runner session ended because a kernel crashed: {self.text}"
+    s = f"{self.request or 'request'}" + (f" (tag {self.tag})" if self.tag is not None else "") + f" failed: {self.code_name}: {what}"
+    if self.others: s += f" (and {len(self.others)} more: " + "; ".join(f"{e.request}: {e.code_name}" for e in self.others[:3]) + ")"
+    return s
+  def __str__(self): return f"runner {self.addr}: {self.reason()}"
+
+class RunnerConnectionError(RunnerError, ConnectionError):
+  """The runner is unreachable or the connection died; the Runner cannot be used any more."""
+  def __init__(self, addr:str, text:str, request:str|None=None):
+    super().__init__(addr, 0, text, None, request)
+    self.args = (addr, text, request)
+  def reason(self) -> str: return self.text + (f" (request in flight: {self.request})" if self.request else "")
+
+@dataclasses.dataclass(frozen=True)
+class RunnerInfo:
+  backend: str      # "cpu" or "metal"
+  caps: int         # P.CAP_* bits
+  ncores: int       # CPU threads a kernel's core_id ranges over
+  memory: int       # bytes a session may allocate in all
+  maxbuf: int       # largest single buffer
+  maxhandles: int   # handles per namespace per session
+  session: int      # session number, as the runner logs it
+  name: str         # device name
+  arch: str         # "x86_64", "arm64" or the GPU family
+  cpu: str          # CPU backends: the -march/-mcpu to compile for
+  features: str     # CPU backends: extra target features "+a,-b"
+  maxmsg: int       # the largest frame either side sends on this connection
+  unified: bool     # device memory is host memory
+
+def parse_addr(addr:str) -> tuple[str, int]:
+  host, sep, port = addr.rpartition(":")
+  if not sep or not port.isdigit(): raise ValueError(f"runner address {addr!r} is not host:port")
+  return host.strip("[]") or "localhost", int(port)
+
+def read_token(path:str) -> bytes:
+  with open(path, "rb") as f: tok = f.read()
+  tok = tok.rstrip(b"\r\n")  # as the runner reads it
+  if not tok: raise ValueError(f"token file {path} is empty")
+  return tok
+
+def _nbytes(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
+
+class Runner:
+  """A session on one runner, at addr "host:port". connect_timeout bounds the TCP connect and the hello/auth exchange,
+  timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token, if the runner asks
+  for one (default: read from METAL_RUNNER_TOKEN_FILE). Handles are client-chosen: new_handle() gives one for any namespace."""
+  def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None):
+    self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
+    self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
+    self._tag, self._handle, self._out, self._dead = 0, 0, bytearray(), None
+    self._sent: dict[int, str] = {}   # tag -> description, for requests not yet known to be done (in send order)
+    self._skip: set[int] = set()      # tags whose reply or error nobody waits for any more
+    self._names: dict[int, str] = {}  # prog -> kernel name, for error messages
+    try: self.sock = socket.create_connection(parse_addr(addr), timeout=connect_timeout)
+    except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
+    try:
+      self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+      self.timeout, timeout = connect_timeout, self.timeout  # hello and auth are part of connecting
+      self._hello(token)
+      self.timeout = timeout
+    except BaseException:
+      self.close()
+      raise
+
+  def __repr__(self): return f"<Runner {self.addr} {self.info.backend if self.info else '?'}{' closed' if self._dead else ''}>"
+  def __enter__(self): return self
+  def __exit__(self, *exc): self.close()
+
+  def close(self):
+    """Close the connection. Requests still in the send buffer are dropped; call sync() first to see their errors."""
+    if self._dead is None: self._dead = "the connection was closed by the client"
+    if self.sock is not None:
+      try: self.sock.close()
+      except OSError: pass
+      self.sock = None
+
+  # *** the session ***
+
+  def _hello(self, token):
+    f = self._wait(self._send(P.THELLO, "Thello", magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG), P.RHELLO)
+    if f["magic"] != P.MAGIC or f["version"] != P.VERSION or f["maxmsg"] < P.MIN_MAXMSG:
+      self._lost(f"not a metal_runner version {P.VERSION} server (Rhello magic {f['magic']:#x}, version {f['version']}, "
+                 f"maxmsg {f['maxmsg']})", "Thello")
+    self.maxmsg = min(P.DEFAULT_MAXMSG, f["maxmsg"])
+    self.info = RunnerInfo(P.BACKENDS.get(f["backend"], f"backend {f['backend']}"), f["caps"], f["ncores"], f["memory"], f["maxbuf"],
+                           f["maxhandles"], f["session"], P.cstr(f["name"]), P.cstr(f["arch"]), P.cstr(f["cpu"]),
+                           P.cstr(f["features"]), self.maxmsg, bool(f["caps"] & P.CAP_UNIFIED))
+    if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
+
+  def _auth(self, token, snonce:bytes):
+    if token is None and (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): token = read_token(path)
+    if token is None:
+      raise RunnerError(self.addr, P.EAUTH, "the runner requires authentication: pass token= or set METAL_RUNNER_TOKEN_FILE", None, "Tauth")
+    token = token.encode() if isinstance(token, str) else bytes(token)
+    cnonce = os.urandom(P.NONCE_SIZE)
+    mac = hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
+    f = self._wait(self._send(P.TAUTH, "Tauth", cnonce=cnonce, mac=mac), P.RAUTH)
+    # the runner proves it holds the token too, so a client never ships kernels or data to an impostor
+    if not hmac.compare_digest(f["mac"], hmac.new(token, AUTH_SERVER + cnonce + snonce, hashlib.sha256).digest()):
+      self.close()
+      self._dead = "the runner failed to prove it holds the token"
+      raise RunnerError(self.addr, P.EAUTH, "the runner's Rauth mac is wrong: it does not hold the token", None, "Tauth")
+
+  def new_handle(self) -> int:
+    self._handle += 1
+    return self._handle
+
+  # *** requests ***
+
+  def alloc(self, h:int, size:int): self._send(P.TALLOC, f"Talloc handle={h} size={size}", handle=h, bufsize=size)
+  def free(self, h:int): self._send(P.TFREE, f"Tfree handle={h}", handle=h)
+  def copy(self, dst:int, dstoff:int, src:int, srcoff:int, count:int):
+    self._send(P.TCOPY, f"Tcopy dst={dst}+{dstoff} src={src}+{srcoff} count={count}", dst=dst, src=src, dstoff=dstoff, srcoff=srcoff, count=count)
+
+  def write(self, h:int, offset:int, data):
+    """Copy data (bytes-like) into buffer h at offset, in frames of at most maxmsg bytes; large data is not copied."""
+    mv, step = memoryview(data).cast("B"), self.maxmsg - P.MSGS[P.TWRITE].size
+    for i in range(0, max(len(mv), 1), step):
+      c = mv[i:i+step]
+      self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
+
+  def read(self, h:int, offset:int, dest):
+    """Fill dest (a writable bytes-like object) from buffer h at offset; waits. Large reads are split and pipelined."""
+    mv, step = memoryview(dest).cast("B"), self.maxmsg - P.MSGS[P.RREAD].size
+    parts = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)]
+    tags = [self._send(P.TREAD, f"Tread handle={h} offset={offset+i*step} count={len(c)}", handle=h, offset=offset+i*step, count=len(c))
+            for i, c in enumerate(parts)]
+    for k, (tag, c) in enumerate(zip(tags, parts)):
+      try: self._wait(tag, P.RREAD, c)
+      except RunnerError:
+        self._skip.update(tags[k+1:])
+        raise
+
+  def load(self, prog:int, kind:int, name:str, data, nbufs:int, nvals:int, corearg:int=P.NO_CORE, entry:int=0, arch:int=0):
+    nm, data = name.encode(), memoryview(data).cast("B")
+    self._names[prog] = name
+    self._send(P.TLOAD, f"Tload prog={prog} ({name})", 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
+               corearg=corearg, entry=entry, crc=P.crc32(data), namelen=len(nm), datalen=len(data))
+
+  def unload(self, prog:int): self._send(P.TUNLOAD, f"Tunload prog={prog} ({self._names.pop(prog, '?')})", prog=prog)
+
+  def launch(self, prog:int, bufs, vals, global_size=(1, 1, 1), local_size=(1, 1, 1), wait:bool=False) -> float|None:
+    """Run kernel prog over bufs [(handle, offset)] and integer vals; with wait, block and return the device time in seconds."""
+    f = P.launch_fields(prog, bufs, vals, global_size, local_size)
+    tag = self._send(P.TLAUNCH, f"Tlaunch prog={prog} ({self._names.get(prog, '?')})", P.FWAIT if wait else 0, [P.launch_args(bufs, vals)], **f)
+    return self._wait(tag, P.RLAUNCH)["ns"] * 1e-9 if wait else None
+
+  def graph(self, gid:int, records):
+    """Define graph gid from launch records [(prog, bufs, vals, global_size, local_size)]."""
+    body = b"".join(P.launch_record(*r) for r in records)
+    self._send(P.TGRAPH, f"Tgraph graph={gid} ({len(records)} kernels)", 0, [body], graph=gid, count=len(records))
+
+  def graph_run(self, gid:int, patches=(), wait:bool=False) -> float|None:
+    """Apply patches [(entry, kind, index, handle, value)] (they persist) and run graph gid; with wait, return seconds."""
+    body = b"".join(P.patch(*p) for p in patches)
+    tag = self._send(P.TGRAPHRUN, f"Tgraphrun graph={gid}", P.FWAIT if wait else 0, [body], graph=gid, count=len(patches))
+    return self._wait(tag, P.RGRAPHRUN)["ns"] * 1e-9 if wait else None
+
+  def graph_free(self, gid:int): self._send(P.TGRAPHFREE, f"Tgraphfree graph={gid}", graph=gid)
+  def sync(self): self._wait(self._send(P.TSYNC, "Tsync"), P.RSYNC)
+
+  def ping(self, data=b"") -> bytes:
+    f = self._wait(self._send(P.TPING, f"Tping count={len(data)}", 0, [data], count=len(data)), P.RPING)
+    return f["data"]
+
+  # *** frames ***
+
+  def _check(self, desc:str):
+    if self._dead is not None: raise RunnerConnectionError(self.addr, f"the connection is unusable: {self._dead}", desc)
+
+  def _lost(self, why, desc:str|None, errors=()):
+    """The connection is dead: say why (an exception or text), with the request in flight, and refuse all further use."""
+    if isinstance(why, TimeoutError):
+      why = f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
+    elif isinstance(why, EOFError): why = "the runner closed the connection"
+    elif isinstance(why, OSError): why = f"connection failed: {why}"
+    if errors: why = f"{why}, after reporting {errors[0].request}: {errors[0].code_name}: {errors[0].text}"
+    self.close()
+    self._dead = f"{why} (during {desc})" if desc else str(why)
+    raise RunnerConnectionError(self.addr, why, desc)
+
+  def _send(self, type:int, desc:str, flags:int=0, parts=(), **fields) -> int:
+    """Queue a request (fixed part + payload parts); returns its tag. Large parts are sent at once, uncopied."""
+    self._check(desc)
+    parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
+    n = sum(_nbytes(p) for p in parts)
+    if P.MSGS[type].size + n > self.maxmsg:
+      raise RunnerError(self.addr, P.ELIMIT, f"a {P.MSGS[type].size + n}-byte frame is over this connection's maxmsg {self.maxmsg}", None, desc)
+    tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._sent[tag] = desc
+    self._out += P.pack(type, tag, flags, n, **fields)
+    bufs = []
+    for p in parts:
+      if _nbytes(p) < COPY_SIZE: self._out += p
+      else: bufs, self._out = bufs + [self._out, p], bytearray()
+    if bufs: self._sendv(bufs + [self._out], desc)
+    elif len(self._out) > FLUSH_SIZE: self._flush(desc)
+    return tag
+
+  def _flush(self, desc:str):
+    if self._out: self._sendv([self._out], desc)
+
+  def _sendv(self, bufs, desc:str):
+    self._out = bytearray()
+    views = [memoryview(b).cast("B") for b in bufs if _nbytes(b)]
+    try:
+      self.sock.settimeout(self.timeout)
+      while views:
+        n = self.sock.sendmsg(views[:512])
+        while n:
+          if n >= views[0].nbytes: n -= views.pop(0).nbytes
+          else: views[0], n = views[0][n:], 0
+    except OSError as e:
+      # the runner may have said why before closing (EPROTO, ECRASH): report that rather than a broken pipe
+      self._lost(self._last_words() or e, desc)
+
+  def _last_words(self) -> str|None:
+    try:
+      deadline = time.monotonic() + 0.5
+      while True:
+        t, f, data = self._recv_frame(deadline, None)
+        if t == P.RERROR and f["code"] in P.FATAL_ERRORS: return f"{P.ERRORS[f['code']]}: {data.decode('utf-8', 'replace')}"
+    except Exception: return None
+
+  def _recv_into(self, view:memoryview, deadline:float):
+    while view.nbytes:
+      if (left := deadline - time.monotonic()) <= 0: raise TimeoutError
+      self.sock.settimeout(left)
+      if (n := self.sock.recv_into(view)) == 0: raise EOFError
+      view = view[n:]
+
+  def _recv_frame(self, deadline:float, dest:dict|None) -> tuple[int, dict, bytes|None]:
+    """Read one frame from the runner, checked like the runner checks ours. Rread data goes into dest[tag] if given."""
+    hdr = bytearray(P.HDR_SIZE)
+    self._recv_into(memoryview(hdr), deadline)
+    h = P.HDR.unpack(hdr)
+    t, size, m = h["type"], h["size"], P.MSGS.get(h["type"])
+    if m is None or P.is_request(t) or not m.size <= size <= self.maxmsg:
+      raise ValueError(f"malformed frame from the runner: type {t}, size {size}")
+    buf = bytearray(m.size)
+    buf[:P.HDR_SIZE] = hdr
+    self._recv_into(memoryview(buf)[P.HDR_SIZE:], deadline)
+    f = m.unpack(buf)
+    if m.size + (n := P.payload_len(t, f)) != size: raise ValueError(f"malformed {m.name} from the runner: size {size} but count {n}")
+    if t == P.RREAD and dest is not None and h["tag"] in dest:
+      if n != dest[h["tag"]].nbytes: raise ValueError(f"Rread of {n} bytes for a Tread of {dest[h['tag']].nbytes}")
+      self._recv_into(dest[h["tag"]], deadline)
+      return t, f, None
+    data = bytearray(n)
+    self._recv_into(memoryview(data), deadline)
+    return t, f, bytes(data)
+
+  def _wait(self, tag:int, rtype:int, dest:memoryview|None=None) -> dict:
+    """Flush, then read frames up to the reply to tag; raise the first error of this or any earlier request."""
+    desc = self._sent.get(tag, f"tag {tag}")
+    self._flush(desc)
+    errors, deadline = [], time.monotonic() + self.timeout
+    try:
+      while True:
+        t, f, data = self._recv_frame(deadline, {tag: dest} if dest is not None else None)
+        if t == P.RERROR:
+          e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], self._sent.get(f["tag"], f"tag {f['tag']}"))
+          if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
+            e.others = errors
+            self.close()
+            self._dead = e.reason()
+            raise e
+        if f["tag"] in self._skip and f["tag"] != tag:  # the reply or error of an abandoned part of a read
+          self._skip.discard(f["tag"])
+          continue
+        if t == P.RERROR:
+          errors.append(e)
+          if f["tag"] == tag: break
+          continue
+        if t != rtype or f["tag"] != tag:
+          raise ValueError(f"unexpected {P.TYPE_NAMES[t]} with tag {f['tag']} while waiting for the {P.TYPE_NAMES[rtype]} to tag {tag}")
+        f["data"] = data
+        break
+    except RunnerError: raise
+    except (OSError, EOFError, ValueError) as e: self._lost(e, desc, errors)
+    except BaseException:  # interrupted half way through a frame: the stream cannot be trusted any more
+      self.close()
+      self._dead = f"interrupted while waiting for {desc}"
+      raise
+    while self._sent:  # every request before tag is done now, with or without an error
+      k = next(iter(self._sent))
+      del self._sent[k]
+      if k == tag: break
+    if errors:
+      errors[0].others = errors[1:]
+      raise errors[0]
+    return f
