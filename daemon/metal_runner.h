@@ -43,6 +43,7 @@ const struct backend *mr_find_backend(const char *name);
 int mr_serve(const struct mr_config *cfg);
 void mr_stop(void);
 /* Memory accounting shared by all sessions (and their processes). */
+int mr_mem_init(uint32_t nslots, uint64_t limit);
 int mr_mem_reserve(int slot, uint64_t n, uint64_t session_limit, char *err);
 void mr_mem_release(int slot, uint64_t n);
 

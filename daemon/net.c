@@ -142,8 +142,11 @@ net_sendv_all(int fd, const void *a, size_t alen, const void *b, size_t blen)
 		if ((size_t)n >= iov[0].iov_len) {
 			n -= (ssize_t)iov[0].iov_len;
 			iov[0].iov_len = 0;
-			iov[1].iov_base = (char *)iov[1].iov_base + n;
-			iov[1].iov_len -= (size_t)n;
+			/* b is NULL for net_send_all: no arithmetic on it. */
+			if (n > 0) {
+				iov[1].iov_base = (char *)iov[1].iov_base + n;
+				iov[1].iov_len -= (size_t)n;
+			}
 		} else {
 			iov[0].iov_base = (char *)iov[0].iov_base + n;
 			iov[0].iov_len -= (size_t)n;

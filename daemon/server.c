@@ -60,6 +60,7 @@ struct thread_arg {
 
 static volatile sig_atomic_t stopping;
 static struct shared *shared;
+static size_t shared_len;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slots_idle = PTHREAD_COND_INITIALIZER;
 static int nactive;
@@ -107,6 +108,29 @@ on_stop_signal(int sig)
 {
 	(void)sig;
 	stopping = 1;
+}
+
+/* Map the session table: nslots slots and a limit of limit bytes for all
+ * sessions together. mr_serve() calls it; a harness that drives
+ * sess_serve() directly (tests/fuzz) calls it once itself. */
+int
+mr_mem_init(uint32_t nslots, uint64_t limit)
+{
+	size_t len = sizeof(*shared) + nslots * sizeof(struct slot);
+	struct shared *sh;
+	uint32_t i;
+
+	sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANON,
+	    -1, 0);
+	if (sh == MAP_FAILED)
+		return -1;
+	sh->limit = limit;
+	sh->nslots = nslots;
+	for (i = 0; i < nslots; i++)
+		sh->slots[i].fd = -1;
+	shared = sh;
+	shared_len = len;
+	return 0;
 }
 
 int
@@ -292,8 +316,7 @@ mr_serve(const struct mr_config *cfg)
 	struct sigaction sa;
 	enum be_isolation iso;
 	char err[PROTO_ERRLEN], peer[64];
-	size_t shlen;
-	uint32_t next_id = 1, i;
+	uint32_t next_id = 1;
 	int lfd = -1, port = 0, rc = -1;
 
 	log_verbose = cfg->verbose;
@@ -310,18 +333,11 @@ mr_serve(const struct mr_config *cfg)
 	}
 	ctx.info = &info;
 
-	shlen = sizeof(*shared) + cfg->max_sessions * sizeof(struct slot);
-	shared = mmap(NULL, shlen, PROT_READ | PROT_WRITE,
-	    MAP_SHARED | MAP_ANON, -1, 0);
-	if (shared == MAP_FAILED) {
+	if (mr_mem_init(cfg->max_sessions, cfg->total_mem ? cfg->total_mem :
+	    info.memory) == -1) {
 		log_warn("cannot map session table: %s", strerror(errno));
-		shared = NULL;
 		goto out;
 	}
-	shared->limit = cfg->total_mem ? cfg->total_mem : info.memory;
-	shared->nslots = cfg->max_sessions;
-	for (i = 0; i < shared->nslots; i++)
-		shared->slots[i].fd = -1;
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_stop_signal;
@@ -421,7 +437,7 @@ out:
 		close(lfd);
 	ctx.be->close();
 	if (shared != NULL && nactive == 0) {
-		munmap(shared, shlen);
+		munmap(shared, shared_len);
 		shared = NULL;
 	}
 	return rc;

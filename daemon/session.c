@@ -838,6 +838,12 @@ arm_crash(struct session *s, uint32_t tag, const char *name)
 
 	if (!sess_crash_handlers)
 		return;
+	/* A crash ends the session: whatever is queued must already be out,
+	 * so the handler's frame is the last and no error is lost. */
+	if (s->errqlen > 0 || s->dropped > 0 || s->outlen > 0) {
+		drain_errors(s);
+		flush(s);
+	}
 	/* Prepare the Rerror now: the signal handler only appends the
 	 * signal's name and fixes the sizes. */
 	memset(&m, 0, sizeof(m));

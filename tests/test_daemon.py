@@ -352,7 +352,9 @@ def test_crashing_kernel_ends_only_its_session():
     c = Raw(r.addr)
     c.alloc(1, 16)
     c.load(1, img, "crash", entry=entry)
+    t0 = c.req(P.TFREE, handle=77)          # an error still queued when the kernel crashes is sent first, not lost
     tag = c.launch(1, [(1, 0)], wait=True)
+    assert c.error()[:2] == (P.EHANDLE, t0)
     code, etag, text = c.error()
     assert (code, etag) == (P.ECRASH, tag) and text == "kernel crash crashed: SIGSEGV"
     assert c.closed()
