@@ -7,6 +7,8 @@
 
 #include "metal_runner.h"
 
+#define MAX_TOKEN 4096
+
 static void
 usage(FILE *f)
 {
@@ -45,6 +47,7 @@ parse_size(const char *s, uint64_t *out)
 {
 	char *end;
 	unsigned long long v;
+	int shift = 0;
 
 	errno = 0;
 	v = strtoull(s, &end, 10);
@@ -52,15 +55,20 @@ parse_size(const char *s, uint64_t *out)
 		return -1;
 	switch (*end) {
 	case 'G': case 'g':
-		v <<= 10;	/* FALLTHROUGH */
+		shift = 30;
+		break;
 	case 'M': case 'm':
-		v <<= 10;	/* FALLTHROUGH */
+		shift = 20;
+		break;
 	case 'K': case 'k':
-		v <<= 10;
-		end++;
+		shift = 10;
+		break;
 	}
-	if (*end != '\0')
+	if (shift != 0)
+		end++;
+	if (*end != '\0' || v > (UINT64_MAX >> shift))
 		return -1;
+	v <<= shift;
 	*out = v;
 	return 0;
 }
@@ -88,9 +96,16 @@ read_token(const char *path, size_t *len)
 		fprintf(stderr, "metal_runner: %s: %s\n", path, strerror(errno));
 		return NULL;
 	}
-	buf = malloc(4096);
-	n = buf ? fread(buf, 1, 4096, f) : 0;
+	/* One byte more than allowed tells a long file from a full one. */
+	buf = malloc(MAX_TOKEN + 1);
+	n = buf ? fread(buf, 1, MAX_TOKEN + 1, f) : 0;
 	fclose(f);
+	if (n > MAX_TOKEN) {
+		fprintf(stderr, "metal_runner: %s: the token file is larger than "
+		    "%d bytes\n", path, MAX_TOKEN);
+		free(buf);
+		return NULL;
+	}
 	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
 		n--;
 	if (n == 0) {
@@ -139,8 +154,9 @@ main(int argc, char **argv)
 	};
 	struct mr_config cfg;
 	uint64_t v;
-	int c, n, unauth = 0;
+	int c, n, rc, unauth = 0;
 	const char *token_path = NULL;
+	uint8_t *token = NULL;
 
 	mr_config_defaults(&cfg);
 	cfg.on_listen = print_listen;
@@ -242,8 +258,9 @@ main(int argc, char **argv)
 		return 2;
 	}
 	if (token_path != NULL &&
-	    (cfg.token = read_token(token_path, &cfg.tokenlen)) == NULL)
+	    (token = read_token(token_path, &cfg.tokenlen)) == NULL)
 		return 1;
+	cfg.token = token;
 	if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
 		if (!unauth) {
 			fprintf(stderr, "metal_runner: refusing to listen on %s "
@@ -257,7 +274,9 @@ main(int argc, char **argv)
 		    "authentication; anyone who can reach this port can run "
 		    "code here\n", cfg.host);
 	}
-	return mr_serve(&cfg) == 0 ? 0 : 1;
+	rc = mr_serve(&cfg) == 0 ? 0 : 1;
+	free(token);
+	return rc;
 bad:
 	fprintf(stderr, "metal_runner: bad value for %s: %s\n",
 	    argv[optind - 1], optarg);

@@ -46,6 +46,8 @@ void mr_stop(void);
 int mr_mem_init(uint32_t nslots, uint64_t limit);
 int mr_mem_reserve(int slot, uint64_t n, uint64_t session_limit, char *err);
 void mr_mem_release(int slot, uint64_t n);
+/* Sleep so failed authentications of all sessions answer 1 s apart. */
+void mr_auth_penalty(void);
 
 /* session.c */
 struct mr_server_ctx {

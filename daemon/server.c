@@ -45,6 +45,7 @@ struct slot {
 
 struct shared {
 	_Atomic uint64_t total;
+	_Atomic int64_t auth_next;	/* ms: when the next failed auth may answer */
 	uint64_t limit;
 	uint32_t nslots;
 	struct slot slots[];
@@ -166,6 +167,27 @@ mr_mem_release(int slot, uint64_t n)
 {
 	atomic_fetch_sub(&shared->slots[slot].mem, n);
 	atomic_fetch_sub(&shared->total, n);
+}
+
+/* A failed authentication waits its turn: failures from all sessions are
+ * answered at most one per second between them, so parallel connections do
+ * not multiply the rate at which tokens can be guessed. */
+void
+mr_auth_penalty(void)
+{
+	struct timespec ts;
+	int64_t now, cur, start, wait;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	cur = atomic_load(&shared->auth_next);
+	do	/* take the next free second: start..start+1000 */
+		start = cur < now ? now : cur;
+	while (!atomic_compare_exchange_weak(&shared->auth_next, &cur,
+	    start + 1000));
+	wait = start + 1000 - now;
+	usleep((useconds_t)(wait % 1000) * 1000);
+	sleep((unsigned)(wait / 1000));
 }
 
 /* Return a finished session's slot and whatever memory it still held. */

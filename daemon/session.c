@@ -16,6 +16,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -227,6 +229,21 @@ fatal(struct session *s, uint32_t tag, uint32_t code, const char *text)
 	return -1;
 }
 
+/* Wait at most seconds for fd to have something for recv() to return
+ * (data, end of stream or an error): 1 if it has, 0 on timeout. */
+static int
+wait_readable(int fd, int seconds)
+{
+	struct pollfd pfd = { fd, POLLIN, 0 };
+	int n;
+
+	do
+		n = poll(&pfd, 1, seconds > INT_MAX / 1000 ? INT_MAX :
+		    seconds * 1000);
+	while (n == -1 && errno == EINTR);
+	return n != 0;
+}
+
 /*
  * Make n bytes of the current frame available at s->in + s->inoff.
  * Returns 1, 0 at a clean end of stream between frames, -1 on error.
@@ -252,6 +269,15 @@ need(struct session *s, size_t n, int boundary)
 		}
 		if (flush(s) == -1)
 			return -1;
+		/* Between frames the idle limit applies; the socket's receive
+		 * timeout is the frame timeout, which may be longer. */
+		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
+		    !wait_readable(s->fd, cfg->idle_timeout)) {
+			log_warn("session %u: client stalled between frames "
+			    "for %d s; ending the session", s->id,
+			    cfg->idle_timeout);
+			return -1;
+		}
 		r = net_recv(s->fd, s->in + s->inlen, s->incap - s->inlen);
 		if (r == 0) {
 			if (boundary && s->inlen == s->inoff)
@@ -469,8 +495,7 @@ do_auth(struct session *s, const union proto_msg *m, const char *peer)
 	if (diff != 0) {
 		log_warn("session %u: authentication failed from %s", s->id,
 		    peer);
-		/* Rate-limit guessing: each failure costs a second. */
-		sleep(1);
+		mr_auth_penalty();	/* rate-limits guessing */
 		return fatal(s, m->h.tag, PROTO_EAUTH, "authentication "
 		    "failed: wrong token");
 	}
@@ -866,9 +891,10 @@ disarm_crash(struct session *s)
 {
 	if (!sess_crash_handlers)
 		return;
-	crash_armed = 0;
+	/* Cancel the alarm first: one that fires now is still the kernel's. */
 	if (s->ctx->cfg->kernel_timeout > 0)
 		alarm(0);
+	crash_armed = 0;
 }
 
 static void
@@ -891,7 +917,14 @@ sess_crash_signal(int sig)
 	    "crashed";
 	size_t n = crash_textlen, off = sizeof(struct proto_rerror);
 
-	if (crash_armed && crash_fd != -1) {
+	/* No kernel is running: the fault is the runner's own. SA_RESETHAND
+	 * restored the default action, so die by the signal and let the
+	 * parent log it as such, not as a kernel crash. */
+	if (!crash_armed) {
+		raise(sig);
+		_exit(5);
+	}
+	if (crash_fd != -1) {
 		while (*what != '\0' && n < PROTO_MAX_ERRTEXT)
 			crash_frame[off + n++] = (uint8_t)*what++;
 		if (sig == SIGALRM)	/* ETIMEOUT, not ECRASH */

@@ -1,0 +1,270 @@
+"""Authentication: daemon/sha256.c against the published test vectors, then the Tauth token exchange end to end.
+
+sha256.c is compiled with cffi into tests/.build (like tests/cproto.py does with proto.c); its prototypes are read from the
+"sha256.c" section of metal_runner.h, so the header stays the only declaration. The end-to-end tests compute the MACs the
+way protocol.md says, with Python's hmac: a client that follows the spec must get in, anything else must not.
+"""
+import hashlib, hmac, importlib.util, os, pathlib, socket, subprocess, threading, time
+import cffi
+import pytest
+from client import protocol as P
+from runner_proc import runner, build, ROOT
+from wire import Raw
+
+pytestmark = pytest.mark.cpu_only
+
+DAEMON, BUILD = ROOT / "daemon", pathlib.Path(__file__).resolve().parent / ".build"
+TOKEN = b"s3cret token for the tests"
+AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
+
+# ---- SHA-256 and HMAC-SHA256 in C
+
+_lib = None
+def sha_lib():
+  """(ffi, lib) for daemon/sha256.c, compiled once per process."""
+  global _lib
+  if _lib is None:
+    hdr = (DAEMON / "metal_runner.h").read_text()
+    cdef = hdr.split("/* sha256.c */", 1)[1].split("#endif", 1)[0]
+    ffi = cffi.FFI()
+    ffi.cdef(cdef)
+    ffi.set_source("_sha256_cffi", '#include "metal_runner.h"', sources=[str(DAEMON / "sha256.c")], include_dirs=[str(DAEMON)],
+                   extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"])
+    BUILD.mkdir(exist_ok=True)
+    so = ffi.compile(tmpdir=str(BUILD), verbose=False)
+    spec = importlib.util.spec_from_file_location("_sha256_cffi", so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _lib = (mod.ffi, mod.lib)
+  return _lib
+
+def c_sha256(msg:bytes) -> str:
+  ffi, lib = sha_lib()
+  out = ffi.new("uint8_t[32]")
+  lib.sha256(msg, len(msg), out)
+  return bytes(out).hex()
+
+def c_hmac(key:bytes, msg:bytes) -> str:
+  ffi, lib = sha_lib()
+  out = ffi.new("uint8_t[32]")
+  lib.hmac_sha256(key, len(key), msg, len(msg), out)
+  return bytes(out).hex()
+
+# FIPS 180-4 examples (NIST CSRC "SHA256.pdf", "SHA2_Additional.pdf")
+SHA256_VECTORS = [
+  (b"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+  (b"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+  (b"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq", "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"),
+  (b"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmnoijklmnopjklmnopqklmnopqrlmnopqrsmnopqrstnopqrstu",
+   "cf5b16a778af8380036ce59e7b0492370b249b11e8f07a51afac45037afee9d1"),
+  (b"a" * 1000000, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"),
+]
+
+@pytest.mark.parametrize("msg,digest", SHA256_VECTORS, ids=["empty", "abc", "448-bit", "896-bit", "million-a"])
+def test_sha256_fips_180_4_vectors(msg, digest):
+  assert c_sha256(msg) == digest
+
+def test_sha256_every_length_around_the_padding_boundaries():
+  """Lengths 0..200 cover 55/56/63/64-byte tails, where padding spills into a second block."""
+  data = bytes(range(256))
+  for n in range(201): assert c_sha256(data[:n]) == hashlib.sha256(data[:n]).hexdigest(), n
+
+# RFC 4231 section 4: (key, data, HMAC-SHA-256); test case 5 is specified truncated to 128 bits
+RFC4231 = [
+  (b"\x0b" * 20, b"Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"),
+  (b"Jefe", b"what do ya want for nothing?", "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"),
+  (b"\xaa" * 20, b"\xdd" * 50, "773ea91e36800e46854db8ebd09181a72959098b3ef8c122d9635514ced565fe"),
+  (bytes(range(1, 26)), b"\xcd" * 50, "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b"),
+  (b"\x0c" * 20, b"Test With Truncation", "a3b6167473100ee06e0c796c2955552b"),
+  (b"\xaa" * 131, b"Test Using Larger Than Block-Size Key - Hash Key First",
+   "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"),
+  (b"\xaa" * 131, b"This is a test using a larger than block-size key and a larger than block-size data. The key needs to be hashed "
+                  b"before being used by the HMAC algorithm.", "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2"),
+]
+
+@pytest.mark.parametrize("key,data,mac", RFC4231, ids=[f"case{i}" for i in range(1, 8)])
+def test_hmac_sha256_rfc4231(key, data, mac):
+  assert c_hmac(key, data).startswith(mac) and len(mac) in (32, 64)
+
+def test_hmac_keys_around_the_block_size():
+  """64-byte keys are used as they are, 65-byte keys are hashed first."""
+  for n in (0, 1, 32, 63, 64, 65, 200):
+    key = bytes(range(n))
+    assert c_hmac(key, b"metal_runner") == hmac.new(key, b"metal_runner", hashlib.sha256).hexdigest(), n
+
+# ---- the token exchange, end to end
+
+def client_mac(token:bytes, snonce:bytes, cnonce:bytes) -> bytes: return hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
+def server_mac(token:bytes, snonce:bytes, cnonce:bytes) -> bytes: return hmac.new(token, AUTH_SERVER + cnonce + snonce, hashlib.sha256).digest()
+
+def send_auth(c:Raw, token:bytes, cnonce:bytes|None=None, mac:bytes|None=None) -> tuple[int, bytes]:
+  cnonce = os.urandom(32) if cnonce is None else cnonce
+  return c.req(P.TAUTH, cnonce=cnonce, mac=client_mac(token, c.info["nonce"], cnonce) if mac is None else mac), cnonce
+
+@pytest.fixture(scope="module")
+def token_file(tmp_path_factory):
+  p = tmp_path_factory.mktemp("auth") / "token"
+  p.write_bytes(TOKEN + b"\n")  # an editor's trailing newline is not part of the secret
+  return p
+
+@pytest.fixture(scope="module", params=["process", "thread"])
+def ar(request, token_file):
+  with runner("--isolation", request.param, "--token-file", str(token_file), "-v") as r: yield r
+
+def test_right_token_gets_in_and_the_runner_proves_it_holds_the_token(ar):
+  c = Raw(ar.addr)
+  assert c.info["caps"] & P.CAP_AUTH and c.info["nonce"] != bytes(32)
+  tag, cnonce = send_auth(c, TOKEN)
+  t, f, _ = c.frame()
+  assert (t, f["tag"]) == (P.RAUTH, tag)
+  assert hmac.compare_digest(f["mac"], server_mac(TOKEN, c.info["nonce"], cnonce))
+  assert f["mac"] != server_mac(b"another token", c.info["nonce"], cnonce)
+  c.alloc(1, 32); c.write(1, 0, b"authenticated" * 2)
+  assert c.read(1, 0, 26) == b"authenticated" * 2
+
+def test_every_session_gets_a_fresh_nonce(ar):
+  nonces = {Raw(ar.addr).info["nonce"] for _ in range(5)}
+  assert len(nonces) == 5
+
+def test_wrong_token_is_refused_logged_and_slowed_down(ar):
+  c = Raw(ar.addr)
+  t0 = time.monotonic()
+  tag, _ = send_auth(c, b"guess")
+  code, etag, text = c.error()
+  took = time.monotonic() - t0
+  assert (code, etag) == (P.EAUTH, tag) and "wrong token" in text
+  assert took >= 0.9, f"a failed guess cost only {took:.2f} s: no rate limit"
+  assert c.closed()
+  assert "authentication failed from 127.0.0.1" in ar.log_text()
+
+def test_a_failed_guess_slows_only_its_own_session(ar):
+  done = {}
+  def guess():
+    c = Raw(ar.addr)
+    send_auth(c, b"guess")
+    done["code"] = c.error()[0]
+  th = threading.Thread(target=guess)
+  th.start()
+  time.sleep(0.1)
+  t0 = time.monotonic()
+  c = Raw(ar.addr)
+  send_auth(c, TOKEN)
+  assert c.frame()[0] == P.RAUTH and c.ping(b"x") == b"x"
+  assert time.monotonic() - t0 < 0.8, "another client's failed guess delayed this one"
+  th.join(10)
+  assert done.get("code") == P.EAUTH
+
+def test_parallel_guesses_are_answered_one_second_apart(ar):
+  """Failed guesses of all sessions share one clock: opening more connections does not raise the guessing rate."""
+  times = []
+  def guess():
+    c = Raw(ar.addr)
+    send_auth(c, b"guess")
+    assert c.error()[0] == P.EAUTH
+    times.append(time.monotonic())
+  t0 = time.monotonic()
+  ths = [threading.Thread(target=guess) for _ in range(3)]
+  for th in ths: th.start()
+  for th in ths: th.join(15)
+  assert len(times) == 3
+  gaps = [b - a for a, b in zip(sorted([t0] + times), sorted(times))]
+  assert all(g >= 0.85 for g in gaps), f"3 parallel failures answered at {[round(t - t0, 2) for t in sorted(times)]} s"
+
+def test_a_mac_from_another_session_is_refused(ar):
+  """The MAC covers the server's fresh nonce: one seen on the wire cannot be replayed."""
+  a = Raw(ar.addr)
+  tag, cnonce = send_auth(a, TOKEN)
+  mac = client_mac(TOKEN, a.info["nonce"], cnonce)
+  assert a.frame()[0] == P.RAUTH
+  b = Raw(ar.addr)
+  tag, _ = send_auth(b, TOKEN, cnonce=cnonce, mac=mac)
+  assert b.error()[:2] == (P.EAUTH, tag)
+  assert b.closed()
+
+@pytest.mark.parametrize("req", ["ping", "alloc", "hello"])
+def test_any_request_before_tauth_is_estate_and_closes(ar, req):
+  c = Raw(ar.addr)
+  tag = {"ping": lambda: c.req(P.TPING, count=0), "alloc": lambda: c.alloc(1, 16),
+         "hello": lambda: c.req(P.THELLO, magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG)}[req]()
+  code, etag, text = c.error()
+  assert (code, etag) == (P.ESTATE, tag) and "requires authentication" in text
+  assert c.closed()
+
+def test_a_client_that_never_authenticates_cannot_allocate(ar):
+  c = Raw(ar.addr)
+  c.send(P.pack(P.TALLOC, 1, handle=1, bufsize=1 << 20) + P.pack(P.TWRITE, 2, payload_len=4, handle=1, offset=0, count=4) + b"data"
+         + P.pack(P.TREAD, 3, handle=1, offset=0, count=4))  # one send: the runner closes after the first
+  code, tag, _ = c.error()
+  assert (code, tag) == (P.ESTATE, 1)
+  assert c.closed(), "the connection must end at the first request before Tauth"
+  assert f"session {c.info['session']}: closing, freeing 0 buffers (0 bytes)" in ar.log_text()
+
+def test_tauth_after_authentication_is_estate(ar):
+  c = Raw(ar.addr)
+  send_auth(c, TOKEN)
+  assert c.frame()[0] == P.RAUTH
+  tag, _ = send_auth(c, TOKEN)
+  code, etag, text = c.error()
+  assert (code, etag) == (P.ESTATE, tag) and "not expected" in text
+
+def test_tauth_to_a_runner_without_a_token_is_estate():
+  with runner() as r:
+    c = Raw(r.addr)
+    assert not c.info["caps"] & P.CAP_AUTH and c.info["nonce"] == bytes(32)
+    tag, _ = send_auth(c, TOKEN)
+    assert c.error()[:2] == (P.ESTATE, tag)
+
+def test_runner_client_with_a_token(ar, monkeypatch):
+  conn = pytest.importorskip("client.connection", reason="client/connection.py (class Runner) is not there yet")
+  monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
+  with conn.Runner(ar.addr, token=TOKEN, timeout=10) as r:
+    h = r.new_handle()
+    r.alloc(h, 8); r.write(h, 0, b"12345678")
+    out = bytearray(8); r.read(h, 0, memoryview(out))
+    assert out == b"12345678"
+  with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, token=b"guess", timeout=10)
+  assert e.value.code == P.EAUTH
+  with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, timeout=10)
+  assert e.value.code == P.EAUTH and "requires authentication" in str(e.value)
+
+# ---- who may listen where without a token (these daemons exit before they bind, or fail to bind)
+
+def run_daemon(*args, timeout:float=10) -> subprocess.CompletedProcess:
+  """Run the daemon expecting it to exit by itself; subprocess.run kills it (by pid) if it does not."""
+  return subprocess.run([str(build()), "--port", "0", *args], capture_output=True, text=True, timeout=timeout)
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])
+def test_refuses_a_non_loopback_address_without_a_token(host):
+  p = run_daemon("--host", host)
+  assert p.returncode != 0
+  assert f"refusing to listen on {host} without --token-file" in p.stderr and "listening" not in p.stdout
+
+def unassigned_address() -> str:
+  """192.0.2.1 (TEST-NET-1, RFC 5737): not loopback, and not an address of this machine, so nothing can bind it."""
+  try:
+    with socket.socket() as s: s.bind(("192.0.2.1", 0))
+  except OSError: return "192.0.2.1"
+  pytest.skip("192.0.2.1 is assigned to this machine")
+
+def test_allow_unauthenticated_warns_on_a_non_loopback_address():
+  host = unassigned_address()
+  p = run_daemon("--host", host, "--allow-unauthenticated")
+  assert f"WARNING: listening on {host} with no authentication" in p.stderr
+  assert "refusing" not in p.stderr and "cannot listen" in p.stderr and p.returncode != 0
+
+def test_a_token_allows_a_non_loopback_address(token_file):
+  host = unassigned_address()
+  p = run_daemon("--host", host, "--token-file", str(token_file))
+  assert "refusing" not in p.stderr and "WARNING" not in p.stderr and "cannot listen" in p.stderr
+
+def test_other_loopback_addresses_need_no_token():
+  with runner("--host", "127.0.0.2") as r:
+    c = Raw(f"127.0.0.2:{r.port}")
+    assert c.ping(b"lo") == b"lo"
+
+def test_an_empty_or_missing_token_file_is_an_error(tmp_path):
+  (tmp_path / "empty").write_bytes(b"\n")
+  p = run_daemon("--token-file", str(tmp_path / "empty"))
+  assert p.returncode != 0 and "the token file is empty" in p.stderr
+  p = run_daemon("--token-file", str(tmp_path / "missing"))
+  assert p.returncode != 0 and "missing" in p.stderr
