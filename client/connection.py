@@ -12,7 +12,7 @@ Environment:
                            runner demands authentication and no token= is given
 """
 from __future__ import annotations
-import dataclasses, hashlib, hmac, os, socket, time
+import dataclasses, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
@@ -69,6 +69,17 @@ def read_token(path:str) -> bytes:
 
 def _nbytes(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
 
+def _describe(d) -> str:
+  """Request descriptions are kept as (format, args...) and formatted only when an error needs them."""
+  return d if isinstance(d, str) else d[0].format(*d[1:])
+
+# Tlaunch is the hot path: one precompiled struct for header + launch record, one per (nbufs, nvals) for the arguments
+_TLAUNCH = struct.Struct("<IHHIIIHH3I3I")
+_ARGS: dict[tuple[int, int], struct.Struct] = {}
+def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
+  if (st := _ARGS.get((nbufs, nvals))) is None: st = _ARGS[(nbufs, nvals)] = struct.Struct("<" + "IIQ" * nbufs + "q" * nvals)
+  return st
+
 class Runner:
   """A session on one runner, at addr "host:port". connect_timeout bounds the TCP connect and the hello/auth exchange,
   timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token, if the runner asks
@@ -77,6 +88,7 @@ class Runner:
     self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
     self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
     self._tag, self._handle, self._out, self._dead = 0, 0, bytearray(), None
+    self._rbuf, self._rpos, self._rlen = bytearray(65536), 0, 0
     self._sent: dict[int, str] = {}   # tag -> description, for requests not yet known to be done (in send order)
     self._skip: set[int] = set()      # tags whose reply or error nobody waits for any more
     self._names: dict[int, str] = {}  # prog -> kernel name, for error messages
@@ -90,6 +102,12 @@ class Runner:
     except BaseException:
       self.close()
       raise
+
+  def _set_timeout(self, seconds:float):
+    """Blocking socket, with the kernel enforcing the timeout on each send and recv (SO_SNDTIMEO, SO_RCVTIMEO)."""
+    self.sock.settimeout(None)
+    tv = struct.pack("ll", int(seconds), int((seconds % 1) * 1e6))
+    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO): self.sock.setsockopt(socket.SOL_SOCKET, opt, tv)
 
   def __repr__(self): return f"<Runner {self.addr} {self.info.backend if self.info else '?'}{' closed' if self._dead else ''}>"
   def __enter__(self): return self
@@ -170,9 +188,18 @@ class Runner:
 
   def launch(self, prog:int, bufs, vals, global_size=(1, 1, 1), local_size=(1, 1, 1), wait:bool=False) -> float|None:
     """Run kernel prog over bufs [(handle, offset)] and integer vals; with wait, block and return the device time in seconds."""
-    f = P.launch_fields(prog, bufs, vals, global_size, local_size)
-    tag = self._send(P.TLAUNCH, f"Tlaunch prog={prog} ({self._names.get(prog, '?')})", P.FWAIT if wait else 0, [P.launch_args(bufs, vals)], **f)
-    return self._wait(tag, P.RLAUNCH)["ns"] * 1e-9 if wait else None
+    if self._dead is not None: self._check(f"Tlaunch prog={prog}")
+    nb, nv = len(bufs), len(vals)
+    if nb + nv > P.MAX_ARGS: raise RunnerError(self.addr, P.EINVAL, f"{nb + nv} kernel arguments, more than {P.MAX_ARGS}", None, "Tlaunch")
+    g, l = (global_size if len(global_size) == 3 else P.dims(global_size)), (local_size if len(local_size) == 3 else P.dims(local_size))
+    tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._sent[tag] = ("Tlaunch prog={} ({})", prog, self._names.get(prog, "?"))
+    flat = [x for b in bufs for x in (b[0], 0, b[1])]
+    self._out += _TLAUNCH.pack(_TLAUNCH.size + 16 * nb + 8 * nv, P.TLAUNCH, P.FWAIT if wait else 0, tag, 0, prog, nb, nv, *g, *l)
+    self._out += _args_struct(nb, nv).pack(*flat, *vals)
+    if wait: return self._wait(tag, P.RLAUNCH)["ns"] * 1e-9
+    if len(self._out) > FLUSH_SIZE: self._flush(self._sent[tag])
+    return None
 
   def graph(self, gid:int, records):
     """Define graph gid from launch records [(prog, bufs, vals, global_size, local_size)]."""
@@ -194,27 +221,29 @@ class Runner:
 
   # *** frames ***
 
-  def _check(self, desc:str):
-    if self._dead is not None: raise RunnerConnectionError(self.addr, f"the connection is unusable: {self._dead}", desc)
+  def _check(self, desc):
+    if self._dead is not None: raise RunnerConnectionError(self.addr, f"the connection is unusable: {self._dead}", _describe(desc))
 
-  def _lost(self, why, desc:str|None, errors=()):
+  def _lost(self, why, desc, errors=()):
     """The connection is dead: say why (an exception or text), with the request in flight, and refuse all further use."""
-    if isinstance(why, TimeoutError):
+    if isinstance(why, (TimeoutError, BlockingIOError)):
       why = f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
     elif isinstance(why, EOFError): why = "the runner closed the connection"
     elif isinstance(why, OSError): why = f"connection failed: {why}"
     if errors: why = f"{why}, after reporting {errors[0].request}: {errors[0].code_name}: {errors[0].text}"
+    desc = _describe(desc) if desc else None
     self.close()
     self._dead = f"{why} (during {desc})" if desc else str(why)
     raise RunnerConnectionError(self.addr, why, desc)
 
-  def _send(self, type:int, desc:str, flags:int=0, parts=(), **fields) -> int:
+  def _send(self, type:int, desc, flags:int=0, parts=(), **fields) -> int:
     """Queue a request (fixed part + payload parts); returns its tag. Large parts are sent at once, uncopied."""
     self._check(desc)
     parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
     n = sum(_nbytes(p) for p in parts)
     if P.MSGS[type].size + n > self.maxmsg:
-      raise RunnerError(self.addr, P.ELIMIT, f"a {P.MSGS[type].size + n}-byte frame is over this connection's maxmsg {self.maxmsg}", None, desc)
+      raise RunnerError(self.addr, P.ELIMIT, f"a {P.MSGS[type].size + n}-byte frame is over this connection's maxmsg {self.maxmsg}", None,
+                        _describe(desc))
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._sent[tag] = desc
     self._out += P.pack(type, tag, flags, n, **fields)
@@ -226,14 +255,13 @@ class Runner:
     elif len(self._out) > FLUSH_SIZE: self._flush(desc)
     return tag
 
-  def _flush(self, desc:str):
+  def _flush(self, desc):
     if self._out: self._sendv([self._out], desc)
 
-  def _sendv(self, bufs, desc:str):
+  def _sendv(self, bufs, desc):
     self._out = bytearray()
     views = [memoryview(b).cast("B") for b in bufs if _nbytes(b)]
     try:
-      self.sock.settimeout(self.timeout)
       while views:
         n = self.sock.sendmsg(views[:512])
         while n:
@@ -245,50 +273,69 @@ class Runner:
 
   def _last_words(self) -> str|None:
     try:
+      self._set_timeout(0.5)
       deadline = time.monotonic() + 0.5
       while True:
         t, f, data = self._recv_frame(deadline, None)
         if t == P.RERROR and f["code"] in P.FATAL_ERRORS: return f"{P.ERRORS[f['code']]}: {data.decode('utf-8', 'replace')}"
     except Exception: return None
 
-  def _recv_into(self, view:memoryview, deadline:float):
-    while view.nbytes:
-      if (left := deadline - time.monotonic()) <= 0: raise TimeoutError
-      self.sock.settimeout(left)
-      if (n := self.sock.recv_into(view)) == 0: raise EOFError
-      view = view[n:]
+  # Replies are read through a read-ahead buffer, so a small reply costs one recv; Rread data beyond what the buffer
+  # holds goes straight into the caller's memory. The socket blocks, with SO_RCVTIMEO/SO_SNDTIMEO set once (see _hello):
+  # a Python socket timeout would cost an ioctl and a poll per call.
+
+  def _recv_some(self, view:memoryview, deadline:float) -> int:
+    if time.monotonic() > deadline: raise TimeoutError
+    try: n = self.sock.recv_into(view)
+    except BlockingIOError: raise TimeoutError from None  # SO_RCVTIMEO passed
+    if n == 0: raise EOFError
+    return n
+
+  def _fill(self, n:int, deadline:float) -> memoryview:
+    """Make n bytes available at the read position; returns a view of them (valid until the next fill)."""
+    while self._rlen - self._rpos < n:
+      if self._rpos and (self._rlen == len(self._rbuf) or len(self._rbuf) - self._rpos < n):  # compact
+        self._rbuf[:self._rlen - self._rpos] = self._rbuf[self._rpos:self._rlen]
+        self._rlen, self._rpos = self._rlen - self._rpos, 0
+      if len(self._rbuf) < n: self._rbuf.extend(bytes(n - len(self._rbuf)))
+      self._rlen += self._recv_some(memoryview(self._rbuf)[self._rlen:], deadline)
+    return memoryview(self._rbuf)[self._rpos:self._rpos + n]
+
+  def _take_into(self, view:memoryview, deadline:float):
+    """Fill view with the next bytes of the stream: first what is buffered, then straight from the socket."""
+    k = min(view.nbytes, self._rlen - self._rpos)
+    view[:k] = memoryview(self._rbuf)[self._rpos:self._rpos + k]
+    self._rpos += k
+    view = view[k:]
+    while view.nbytes: view = view[self._recv_some(view, deadline):]
 
   def _recv_frame(self, deadline:float, dest:dict|None) -> tuple[int, dict, bytes|None]:
     """Read one frame from the runner, checked like the runner checks ours. Rread data goes into dest[tag] if given."""
-    hdr = bytearray(P.HDR_SIZE)
-    self._recv_into(memoryview(hdr), deadline)
-    h = P.HDR.unpack(hdr)
-    t, size, m = h["type"], h["size"], P.MSGS.get(h["type"])
-    if m is None or P.is_request(t) or not m.size <= size <= self.maxmsg:
+    size, t, _, tag = P.HDR.st.unpack(self._fill(P.HDR_SIZE, deadline))
+    if (m := P.MSGS.get(t)) is None or P.is_request(t) or not m.size <= size <= self.maxmsg:
       raise ValueError(f"malformed frame from the runner: type {t}, size {size}")
-    buf = bytearray(m.size)
-    buf[:P.HDR_SIZE] = hdr
-    self._recv_into(memoryview(buf)[P.HDR_SIZE:], deadline)
-    f = m.unpack(buf)
+    f = m.unpack(self._fill(m.size, deadline))
+    self._rpos += m.size
     if m.size + (n := P.payload_len(t, f)) != size: raise ValueError(f"malformed {m.name} from the runner: size {size} but count {n}")
-    if t == P.RREAD and dest is not None and h["tag"] in dest:
-      if n != dest[h["tag"]].nbytes: raise ValueError(f"Rread of {n} bytes for a Tread of {dest[h['tag']].nbytes}")
-      self._recv_into(dest[h["tag"]], deadline)
+    if t == P.RREAD and dest is not None and tag in dest:
+      if n != dest[tag].nbytes: raise ValueError(f"Rread of {n} bytes for a Tread of {dest[tag].nbytes}")
+      self._take_into(dest[tag], deadline)
       return t, f, None
     data = bytearray(n)
-    self._recv_into(memoryview(data), deadline)
+    self._take_into(memoryview(data), deadline)
     return t, f, bytes(data)
 
   def _wait(self, tag:int, rtype:int, dest:memoryview|None=None) -> dict:
     """Flush, then read frames up to the reply to tag; raise the first error of this or any earlier request."""
     desc = self._sent.get(tag, f"tag {tag}")
     self._flush(desc)
+    desc = _describe(desc)
     errors, deadline = [], time.monotonic() + self.timeout
     try:
       while True:
         t, f, data = self._recv_frame(deadline, {tag: dest} if dest is not None else None)
         if t == P.RERROR:
-          e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], self._sent.get(f["tag"], f"tag {f['tag']}"))
+          e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(self._sent.get(f["tag"], f"tag {f['tag']}")))
           if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
             e.others = errors
             self.close()
@@ -311,10 +358,13 @@ class Runner:
       self.close()
       self._dead = f"interrupted while waiting for {desc}"
       raise
-    while self._sent:  # every request before tag is done now, with or without an error
-      k = next(iter(self._sent))
-      del self._sent[k]
-      if k == tag: break
+    # every request up to tag is done now, with or without an error; usually tag is the newest, so this is O(1)
+    if self._sent and next(reversed(self._sent)) == tag: self._sent.clear()
+    elif tag in self._sent:
+      it = iter(self._sent)
+      for k in it:
+        if k == tag: break
+      self._sent = {k: self._sent[k] for k in it}
     if errors:
       errors[0].others = errors[1:]
       raise errors[0]
