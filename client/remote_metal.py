@@ -1,0 +1,197 @@
+# remote_metal.py: tinygrad devices whose kernels run on a metal_runner daemon. `import client.remote_metal` installs them:
+#   METAL  -> a runner with the Metal backend (MetalRenderer; metallib compiled here on macOS, else Metal source the runner compiles)
+#   REMOTE -> a runner with the CPU backend (ClangRenderer; clang on this host builds a relocated image for the runner's CPU)
+# METAL_RUNNER=host:port[,host:port...] gives one runner per device index (DEV:0, DEV:1, ...); unset, a local runner is started.
+from __future__ import annotations
+import atexit, contextlib, hashlib, os, pathlib, re, select, subprocess, sys, threading, types
+from typing import cast
+from tinygrad.device import Buffer, BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
+from tinygrad.engine.jit import GraphRunner
+from tinygrad.helpers import DEBUG, getenv, suppress_finalizing
+from tinygrad.renderer import cstyle
+from tinygrad.uop.ops import UOp
+from client.connection import Runner, RunnerConnectionError
+from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
+from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL
+from client.cpu_image import clang_arch, cpu_image
+
+DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
+
+# *** local runner: started on first use when METAL_RUNNER is unset, stopped by pid at exit
+
+local_runners: list[subprocess.Popen] = []
+
+def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
+  if proc.poll() is None:
+    proc.terminate()
+    try: proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait()
+
+def start_local_runner(backend:str) -> str:
+  if backend == "metal" and sys.platform != "darwin": raise RuntimeError("no METAL_RUNNER address, and a local Metal runner needs macOS")
+  if not (exe:=DAEMON / "metal_runner").exists():
+    try: r = subprocess.run(["make", "-C", str(DAEMON)], capture_output=True, text=True)
+    except OSError as e: raise RuntimeError(f"no runner address in METAL_RUNNER and {exe} is not built: {e}") from e
+    if r.returncode != 0 or not exe.exists():
+      raise RuntimeError(f"no runner address in METAL_RUNNER and building {exe} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+  local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend],
+                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  # its log goes to our stderr with DEBUG>=1; the pipes are drained all along, a full pipe would block the runner
+  log: list[bytes] = []
+  def drain(f, keep:bool):
+    for ln in f:
+      if keep: log.append(ln)
+      if DEBUG >= 1: sys.stderr.write(f"metal_runner[{proc.pid}]: {ln.decode(errors='replace')}")
+  threading.Thread(target=drain, args=(proc.stderr, True), daemon=True).start()
+  line = proc.stdout.readline() if select.select([proc.stdout], [], [], 30)[0] else b""  # type: ignore[union-attr]
+  threading.Thread(target=drain, args=(proc.stdout, False), daemon=True).start()
+  if (m:=re.match(r"listening on (\S+:\d+)", line.decode(errors="replace"))) is None:
+    stop_runner(proc)
+    raise RuntimeError(f"local runner {exe} --backend {backend} did not start (exit code {proc.returncode}): "
+                       f"{b''.join(log).decode(errors='replace').strip() or line!r}")
+  return m.group(1)
+
+# *** Metal: rendered here; compiled here only where Apple's compiler is (macOS)
+
+CAP_NAMES = {CAP_CPU_IMAGE: "CPU images", CAP_METALLIB: "metallibs", CAP_METAL_SOURCE: "Metal source"}
+if not (METAL_SOURCE:=sys.platform != "darwin" or bool(getenv("METAL_RUNNER_SOURCE"))):
+  from tinygrad.runtime.ops_metal import MetalCompiler   # the real module, before the device shim below takes its name
+else:
+  class MetalCompiler(Compiler):  # type: ignore[no-redef]
+    """No Metal compiler on this host: the "binary" is the Metal source, which the runner compiles (PROG_METAL_SOURCE)."""
+    def __init__(self): super().__init__(None)
+
+class MetalRenderer(cstyle.MetalRenderer):
+  """tinygrad's MetalRenderer. Defined here so a pickled renderer (parallel compile and BEAM workers) imports this module, and with it the
+  tinygrad.runtime.ops_metal shim whose MetalCompiler the renderer uses: the real ops_metal cannot be imported off macOS."""
+
+# *** the three runtime classes
+
+class RemoteProgram(Program['RemoteDevice']):
+  def __init__(self, dev:RemoteDevice, obj:TinyELF):
+    self.dev, self.name, self.signature = dev, obj.name, obj.signature
+    # signature: buffers (shaped) then integer values (shape ()), in argument order
+    self.nbufs = sum(1 for *_, shape in obj.signature if shape != ())
+    self.nvals = len(obj.signature) - self.nbufs
+    if dev.is_metal: kind, arch, data, entry, corearg = PROG_METALLIB if obj.lib[:4] == b"MTLB" else PROG_METAL_SOURCE, 0, obj.lib, 0, NO_CORE
+    else:
+      kind, (arch, data, entry) = PROG_CPU_IMAGE, cpu_image(obj.lib, obj.name)
+      corearg = next((i for i, (nm, *_) in enumerate(obj.signature) if nm == "core_id"), NO_CORE)
+    self.prog = dev.load(kind, obj.name, data, self.nbufs, self.nvals, corearg, entry, arch)
+
+  def __call__(self, *bufs, global_size:tuple[int,...]=(1,1,1), local_size:tuple[int,...]|None=(1,1,1), vals:tuple[int|None, ...]=(),
+               wait=False, timeout:int|None=None) -> float|None:
+    return self.dev.runner.launch(self.prog, [b[:2] for b in bufs], [v or 0 for v in vals], dims(global_size), dims(local_size or (1,1,1)),
+                                  wait=wait)
+
+class RemoteAllocator(LRUAllocator['RemoteDevice']):
+  # opaque buffer: (handle, offset, size); an offset view shares its base's handle
+  def _alloc(self, size:int, options:BufferSpec):
+    if options.external_ptr is not None: raise RuntimeError(f"{self.dev.device}: runner memory cannot wrap a host pointer")
+    self.dev.runner.alloc(h:=self.dev.runner.new_handle(), size)
+    return (h, 0, size)
+  @suppress_finalizing
+  def _free(self, opaque, options:BufferSpec): self.dev.runner.free(opaque[0])
+  def _copyin(self, dest, src:memoryview): self.dev.runner.write(dest[0], dest[1], src)
+  def _copyout(self, dest:memoryview, src): self.dev.runner.read(src[0], src[1], dest)
+  def _offset(self, buf, size:int, offset:int): return (buf[0], buf[1] + offset, size)
+  def _transfer(self, dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice):
+    if src_dev is dest_dev: dest_dev.runner.copy(dest[0], dest[1], src[0], src[1], sz)
+    else:  # two runners: through this host
+      src_dev.runner.read(src[0], src[1], mv:=memoryview(bytearray(sz)))
+      dest_dev.runner.write(dest[0], dest[1], mv)
+
+class RemoteGraph(GraphRunner):
+  """A TinyJit batch: sent once as a runner graph (on the first call, when every symbolic value is known); each call is one Tgraphrun
+  carrying only patches: JIT input buffers, symbolic values and launch dims."""
+  def __init__(self, linear:UOp, input_uops:tuple[UOp, ...]=()):
+    super().__init__(linear, input_uops)
+    self.dev, self.gid = cast(RemoteDevice, Device[self.calls[0][2][0].device]), None
+    # kernel buffer index of each call argument (calls list all arguments, kernels take ast.arg.globals)
+    self.bufidx = [{a: i for i, a in enumerate(ast.arg.globals)} for _, ast, _, _ in self.calls]
+
+  def _define(self, var_vals:dict[str, int]):
+    records = []
+    for (_, ast, bufs, dvars), rt in zip(self.calls, self.runtimes):
+      vals = [0 if v.expr in ast.arg.runtimevars else {**var_vals, **dvars}[v.expr] for v in ast.arg.vars]
+      gs, ls = ast.arg.launch_dims({**var_vals, **dvars})
+      records.append((cast(RemoteProgram, rt).prog, [bufs[a]._buf[:2] for a in ast.arg.globals], vals, dims(gs), dims(ls or (1,1,1))))
+    self.dev.runner.graph(gid:=self.dev.runner.new_handle(), records)
+    self.gid = gid
+
+  def __call__(self, input_uops:tuple[UOp, ...], var_vals:dict[str, int], wait=False) -> float|None:
+    if self.gid is None: self._define(var_vals)
+    patches = [(j, PATCH_BUF, self.bufidx[j][pos], *cast(Buffer, input_uops[iidx].buffer)._buf[:2])
+               for j, rep in enumerate(self.uop_replace) for pos, iidx in rep if pos in self.bufidx[j]]
+    patches += [(j, PATCH_VAL, i, 0, v) for j, i, v in self.updated_vars(var_vals)]
+    for j, gs, ls in self.updated_launch_dims(var_vals):
+      patches += [(j, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, dims(gs)), (PATCH_LOCAL, dims(ls))) for d, x in enumerate(size)]
+    return self.dev.runner.graph_run(cast(int, self.gid), patches, wait=wait)
+
+  @suppress_finalizing
+  def __del__(self):
+    if self.gid is not None and not self.dev.runner_closed:
+      with contextlib.suppress(RunnerConnectionError): self.dev.runner.graph_free(self.gid)
+
+class RemoteDevice(Compiled):
+  def __init__(self, device:str):
+    self.is_metal, idx = device.split(":")[0] == "METAL", int(device.split(":")[1]) if ":" in device else 0
+    want, addrs = "metal" if self.is_metal else "cpu", [a.strip() for a in os.getenv("METAL_RUNNER", "").split(",") if a.strip()]
+    if addrs and idx >= len(addrs): raise RuntimeError(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
+    # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
+    self.runner, self.runner_closed, self.programs = Runner(addrs[idx] if addrs else start_local_runner(want)), False, {}
+    # the renderer follows the runner: a mismatch is an error now, not a kernel the runner rejects later
+    info, cap = self.runner.info, (CAP_METAL_SOURCE if METAL_SOURCE else CAP_METALLIB) if self.is_metal else CAP_CPU_IMAGE
+    if info.backend != want or not info.caps & cap:
+      self.finalize()
+      hint = f" (use {'REMOTE' if info.backend == 'cpu' else 'METAL'} for it)" if info.backend != want else ""
+      raise RuntimeError(f"{device} needs a runner with the {want} backend that accepts {CAP_NAMES[cap]}; {self.runner.addr} has the "
+                         f"{info.backend} backend{hint}")
+    if self.is_metal:
+      arch = info.arch if re.fullmatch(r"(Apple|Mac)\d+", info.arch) else None   # the GPU family selects tensor cores in MetalRenderer
+      super().__init__(device, RemoteAllocator(self), [MetalRenderer], RemoteProgram, RemoteGraph, arch=arch)
+    else: super().__init__(device, RemoteAllocator(self), [cstyle.ClangRenderer], RemoteProgram, RemoteGraph,
+                           arch=clang_arch(info.arch, info.cpu, info.features))
+
+  def load(self, kind:int, name:str, data:bytes, nbufs:int, nvals:int, corearg:int, entry:int, arch:int) -> int:
+    """Loads a program once per content on this connection; returns its handle."""
+    key = hashlib.sha256(repr((kind, name, nbufs, nvals, corearg, entry, arch)).encode() + data).digest()
+    if (prog:=self.programs.get(key)) is None:
+      self.runner.load(prog:=self.runner.new_handle(), kind, name, data, nbufs, nvals, corearg=corearg, entry=entry, arch=arch)
+      self.programs[key] = prog
+    return prog
+
+  def synchronize(self): self.runner.sync()
+  def finalize(self):
+    if not self.runner_closed: self.runner.close()
+    self.runner_closed = True
+
+def runner_device() -> str:
+  """The device to use for the (first) runner: METAL for a Metal backend, REMOTE for a CPU one. Asks the runner; no address means the
+  local runner this module would start, which is Metal on macOS."""
+  if not (addr:=os.getenv("METAL_RUNNER", "").split(",")[0].strip()): return "METAL" if sys.platform == "darwin" else "REMOTE"
+  with Runner(addr) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
+
+def dims(d) -> tuple[int, int, int]:
+  if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
+  return cast(tuple[int, int, int], tuple(int(x) for x in d) + (1,) * (3 - len(d)))
+
+# *** install: Device["METAL"] and Device["REMOTE"] import tinygrad.runtime.ops_<name> and take its <NAME>Device class
+
+def _shim(name:str, **attrs):
+  (mod:=types.ModuleType(f"tinygrad.runtime.ops_{name}", f"installed by {__name__}")).__dict__.update(attrs)
+  sys.modules[mod.__name__] = mod
+
+_shim("metal", MetalDevice=RemoteDevice, MetalCompiler=MetalCompiler, MetalRenderer=MetalRenderer)
+_shim("remote", RemoteDevice=RemoteDevice)
+_Device.get_class.cache_clear()
+from tinygrad.schedule.rangeify import DEVICE_MAX_BUFS  # noqa: E402
+DEVICE_MAX_BUFS.setdefault("REMOTE", 31)  # kernels have at most 63 arguments on a runner; keep tinygrad's CPU limit on buffers
+
+@atexit.register
+def _shutdown():  # runs before tinygrad's own atexit (registered earlier): close connections, then stop the runners this process started
+  for dn in list(Device._opened_devices):
+    if isinstance(dev:=Device[dn], RemoteDevice): dev.finalize()
+  for proc in local_runners: stop_runner(proc)

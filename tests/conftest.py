@@ -1,0 +1,66 @@
+# Shared test setup: the repo on sys.path, the daemon built once, CPU runners on 127.0.0.1 started and stopped by pid.
+import contextlib, functools, os, pathlib, re, select, signal, subprocess, sys, threading
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DAEMON = ROOT / "daemon" / "metal_runner"
+if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "cpu_only: runs kernels on a runner with the CPU backend (any host, no GPU)")
+
+@functools.cache
+def build_daemon() -> str|None:
+  """Builds daemon/metal_runner once per test session; returns why it cannot be built, or None."""
+  try: r = subprocess.run(["make", "-C", str(ROOT / "daemon")], capture_output=True, text=True, timeout=600)
+  except (OSError, subprocess.TimeoutExpired) as e: return f"make -C daemon failed: {e}"
+  if r.returncode != 0 or not DAEMON.exists(): return f"make -C daemon failed (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-800:]}"
+  return None
+
+@pytest.fixture(scope="session")
+def daemon_bin() -> pathlib.Path:
+  if (why:=build_daemon()) is not None: pytest.skip(f"daemon binary cannot be built: {why}")
+  return DAEMON
+
+def stop(proc:subprocess.Popen, timeout:float=5.0):
+  """Stop a runner we started, by its pid: SIGTERM, then SIGKILL if it has not exited within timeout."""
+  if proc.poll() is None:
+    proc.terminate()
+    try: proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      proc.wait(timeout)
+
+@contextlib.contextmanager
+def runner(*args:str, backend:str="cpu"):
+  """A runner on 127.0.0.1 with a free port; yields (address, Popen). It leads its own process group, so a test can kill it together
+  with its session processes (os.killpg(proc.pid, ...)); only this process and its children are ever signalled."""
+  if (why:=build_daemon()) is not None: pytest.skip(f"daemon binary cannot be built: {why}")
+  proc = subprocess.Popen([str(DAEMON), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *args],
+                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
+  try:
+    line = proc.stdout.readline().decode(errors="replace") if select.select([proc.stdout], [], [], 20)[0] else ""
+    if (m:=re.match(r"listening on (127\.0\.0\.1:\d+)", line)) is None:
+      raise RuntimeError(f"runner did not start (exit code {proc.poll()}, first line {line!r})")
+    threading.Thread(target=proc.stdout.read, daemon=True).start()   # keep reading: a full pipe would block a verbose runner
+    yield m.group(1), proc
+  finally:
+    stop(proc)
+    with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(proc.pid, signal.SIGKILL)  # session processes left behind
+
+@pytest.fixture(scope="session")
+def cpu_runner(daemon_bin) -> str:
+  """The address of a CPU runner shared by the whole session (tinygrad opens a device once per process)."""
+  with runner() as (addr, _): yield addr
+
+@pytest.fixture
+def own_runner(daemon_bin):
+  """A CPU runner for one test: yields (address, Popen)."""
+  with runner() as r: yield r
+
+def run_python(code:str, env:dict[str, str]|None=None, timeout:float=300, unset:tuple[str, ...]=()) -> subprocess.CompletedProcess:
+  """Runs code in a fresh python (its own tinygrad Device table) with the repo importable; fails the test on a timeout."""
+  full = {k: v for k, v in os.environ.items() if k not in unset and k not in ("DEV", "DEBUG", "BEAM")}
+  full.update({"PYTHONPATH": os.pathsep.join([str(ROOT)] + ([full["PYTHONPATH"]] if full.get("PYTHONPATH") else [])), **(env or {})})
+  try: return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+  except subprocess.TimeoutExpired as e: pytest.fail(f"subprocess did not finish in {timeout} s (hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")

@@ -1,0 +1,79 @@
+# Host-side production of CPU images (client/cpu_image.py), no daemon: compile with tinygrad's ClangRenderer, relocate, find the entry.
+import array, ctypes, mmap, platform, shutil
+import numpy as np
+import pytest
+from tinygrad import Tensor
+from tinygrad.codegen import to_program
+from tinygrad.helpers import NUM_CPU_THREADS, Target, mv_address
+from tinygrad.renderer.cstyle import ClangRenderer
+from tinygrad.runtime.support.compiler_cpu import ClangCompiler
+from client.cpu_image import ImageError, clang_arch, cpu_image
+from client.protocol import ARCH_ARM64, ARCH_X86_64
+
+pytestmark = pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed")
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+BASE_X86 = "x86_64,x86-64"
+
+def kernel(t:Tensor, arch:str):
+  (call,) = t.schedule_linear().src
+  return to_program(call.src[0], ClangRenderer(Target("REMOTE", arch=arch)))
+
+def run_image(image:bytes, entry:int, args:list[int]):
+  """Maps the image at a fresh address (not the base it was relocated at) and calls the entry like the runner: every argument 64-bit."""
+  mem = mmap.mmap(-1, len(image), mmap.MAP_ANON | mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+  mem.write(image)
+  ctypes.CFUNCTYPE(None)(mv_address(mem) + entry)(*[ctypes.c_uint64(a) for a in args])
+
+@pytest.mark.skipif(not X86, reason="runs x86-64 machine code")
+@pytest.mark.parametrize("make,ref,threaded", [(lambda x: x * 3 + 1, lambda a: a * 3 + 1, False),
+                                               (lambda x: (x.reshape(64, 64) @ x.reshape(64, 64)).sum(axis=1), lambda a: (a @ a).sum(axis=1), True)])
+def test_tinygrad_kernel_runs_from_image(make, ref, threaded):
+  prg = kernel(make(Tensor.empty(4096, device="CPU")), BASE_X86)
+  elf = prg.to_elf()
+  code, image, entry = cpu_image(elf.lib, elf.name)
+  assert code == ARCH_X86_64 and 0 <= entry < len(image) and image[:4] != b"\x7fELF"
+  src = (np.arange(4096, dtype=np.float32) % 7 - 3).reshape(64, 64) if threaded else np.arange(4096, dtype=np.float32) % 7
+  out = np.zeros(ref(src).shape, dtype=np.float32)
+  args = [out.ctypes.data, src.ctypes.data] + [0] * (len(elf.signature) - 2)
+  core = next((i for i, (nm, *_) in enumerate(elf.signature) if nm == "core_id"), None)
+  if threaded and NUM_CPU_THREADS.value > 1: assert core is not None, "expected a kernel split over core_id"
+  for tid in range(prg.arg.global_size[0] if core is not None else 1):  # as the runner calls it: once per core_id
+    if core is not None: args[core] = tid
+    run_image(image, entry, args)
+  np.testing.assert_allclose(out, ref(src), rtol=1e-5)
+
+HELPER_FIRST = """__attribute__((noinline)) float helper(float x) { return x * 3.0f + 1.0f; }
+static const float tbl[4] = {1.5f, 2.5f, 3.5f, 4.25f};
+void kern(float* restrict out, const float* restrict in, long n) { for (long i = 0; i < n; i++) out[i] = helper(in[i]) + tbl[i & 3]; }"""
+
+def test_entry_is_the_named_function_not_offset_zero():
+  code, image, entry = cpu_image(ClangCompiler(BASE_X86.split(",")).compile(HELPER_FIRST), "kern")
+  assert code == ARCH_X86_64 and entry > 0
+  if X86:  # the call to helper and the load from .rodata were relocated correctly
+    src, out = array.array("f", range(8)), array.array("f", [0.0] * 8)
+    run_image(image, entry, [out.buffer_info()[0], src.buffer_info()[0], 8])
+    assert list(out) == [2.5, 6.5, 10.5, 14.25, 14.5, 18.5, 22.5, 26.25]
+
+def test_cross_compiled_arm64_image():
+  elf = kernel(Tensor.empty(64, device="CPU").reshape(8, 8).sum(axis=1), "arm64,generic").to_elf()
+  code, image, entry = cpu_image(elf.lib, elf.name)
+  assert code == ARCH_ARM64 and 0 <= entry < len(image) and len(image) % 4 == 0
+  with pytest.raises(ImageError, match="no function named nope"): cpu_image(elf.lib, "nope")
+
+def test_undefined_symbol_is_a_clear_error():
+  obj = ClangCompiler(BASE_X86.split(",")).compile("float sinf(float); void kern(float* o) { o[0] = sinf(o[0]); }")
+  with pytest.raises(ImageError, match="kernel kern: .*undefined symbol sinf"): cpu_image(obj, "kern")
+
+def test_not_an_elf_object():
+  with pytest.raises(ImageError, match="not a 64-bit ELF"): cpu_image(b"kernel void k() {}", "k")
+
+def test_clang_arch_follows_the_runner():
+  assert clang_arch("x86_64", "x86-64-v3", "+avx2,-avx512f") == "x86_64,x86-64-v3,avx2,-avx512f"
+  assert clang_arch("aarch64", "apple-m1", "") == "arm64,apple-m1"
+  # "native" would compile for this host, which need not be the runner: use the arch baseline plus the reported features
+  assert clang_arch("x86_64", "native", "+fma") == "x86_64,x86-64,fma" and clang_arch("arm64", "", "") == "arm64,generic"
+  with pytest.raises(ImageError, match="sparc"): clang_arch("sparc", "v9", "")
+  assert ClangCompiler(clang_arch("x86_64", "x86-64-v3", "+avx2,-avx512f").split(",")).args == ["-march=x86-64-v3", "-mavx2", "-mno-avx512f"]
+  # the string works for a real compile, with clang as installed here
+  elf = kernel(Tensor.empty(16, device="CPU") + 1, clang_arch("x86_64", "x86-64-v2", "+sse4.2")).to_elf()
+  assert cpu_image(elf.lib, elf.name)[0] == ARCH_X86_64
