@@ -83,17 +83,27 @@ class RemoteProgram(Program['RemoteDevice']):
 
   def __call__(self, *bufs, global_size:tuple[int,...]=(1,1,1), local_size:tuple[int,...]|None=(1,1,1), vals:tuple[int|None, ...]=(),
                wait=False, timeout:int|None=None) -> float|None:
-    return self.dev.runner.launch(self.prog, [b[:2] for b in bufs], [v or 0 for v in vals], dims(global_size), dims(local_size or (1,1,1)),
-                                  wait=wait)
+    # bufs are (handle, offset, size) opaques, which launch() indexes directly; a None value is core_id, which the runner fills in
+    return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, dims(global_size),
+                                  dims(local_size or (1,1,1)), wait=wait)
 
 class RemoteAllocator(LRUAllocator['RemoteDevice']):
   # opaque buffer: (handle, offset, size); an offset view shares its base's handle
+  # Talloc has no reply, so the runner's ELIMIT would arrive a request later. The client counts against the limit the runner reported
+  # and raises MemoryError at once instead, which lets LRUAllocator free its cache and retry.
+  used = 0
   def _alloc(self, size:int, options:BufferSpec):
     if options.external_ptr is not None: raise RuntimeError(f"{self.dev.device}: runner memory cannot wrap a host pointer")
+    if size > (info:=self.dev.runner.info).maxbuf or self.used + size > info.memory:
+      raise MemoryError(f"{self.dev.device}: {size} bytes would pass the runner's limit ({self.used} of {info.memory} bytes in use, "
+                        f"largest buffer {info.maxbuf})")
     self.dev.runner.alloc(h:=self.dev.runner.new_handle(), size)
+    self.used += size
     return (h, 0, size)
   @suppress_finalizing
-  def _free(self, opaque, options:BufferSpec): self.dev.runner.free(opaque[0])
+  def _free(self, opaque, options:BufferSpec):
+    self.used -= opaque[2]
+    self.dev.runner.free(opaque[0])
   def _copyin(self, dest, src:memoryview): self.dev.runner.write(dest[0], dest[1], src)
   def _copyout(self, dest:memoryview, src): self.dev.runner.read(src[0], src[1], dest)
   def _offset(self, buf, size:int, offset:int): return (buf[0], buf[1] + offset, size)
@@ -175,6 +185,7 @@ def runner_device() -> str:
   with Runner(addr) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
 
 def dims(d) -> tuple[int, int, int]:
+  if len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int and d[0] > 0 and d[1] > 0 and d[2] > 0: return d
   if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
   return cast(tuple[int, int, int], tuple(int(x) for x in d) + (1,) * (3 - len(d)))
 

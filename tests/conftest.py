@@ -3,7 +3,8 @@ import contextlib, functools, os, pathlib, re, select, signal, subprocess, sys, 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DAEMON = ROOT / "daemon" / "metal_runner"
+# METAL_RUNNER_BIN names a prebuilt daemon (e.g. the sanitizer build, tests/fuzz/sanitize_run.sh); otherwise make builds it
+DAEMON = pathlib.Path(os.environ.get("METAL_RUNNER_BIN") or ROOT / "daemon" / "metal_runner")
 if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
 
 def pytest_configure(config):
@@ -12,6 +13,7 @@ def pytest_configure(config):
 @functools.cache
 def build_daemon() -> str|None:
   """Builds daemon/metal_runner once per test session; returns why it cannot be built, or None."""
+  if os.environ.get("METAL_RUNNER_BIN"): return None if DAEMON.exists() else f"METAL_RUNNER_BIN={DAEMON} does not exist"
   try: r = subprocess.run(["make", "-C", str(ROOT / "daemon")], capture_output=True, text=True, timeout=600)
   except (OSError, subprocess.TimeoutExpired) as e: return f"make -C daemon failed: {e}"
   if r.returncode != 0 or not DAEMON.exists(): return f"make -C daemon failed (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-800:]}"

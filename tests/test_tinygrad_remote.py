@@ -355,3 +355,26 @@ except RuntimeError as e: print("REMOTE:", e)""", {"METAL_RUNNER": fake_metal.ad
   assert [sorted({p["value"] for p in ps if p["kind"] == P.PATCH_VAL}) for ps in patches] == [[13], [21], [34], [55]]
   dims = [sorted(p["value"] for p in ps if p["kind"] == P.PATCH_GLOBAL and p["value"] > 1) for ps in patches]
   assert dims[0] != dims[1] != dims[2] != dims[3], dims
+
+@pytest.mark.cpu_only
+def test_allocation_over_the_runner_limit_frees_the_cache_and_retries(daemon_bin):
+  """Talloc has no reply, so the client checks the limit the runner reported: MemoryError at once lets tinygrad's LRU allocator
+  free its cached buffers and retry, and a request that can never fit fails clearly."""
+  with runner("--total-mem", "1M") as (addr, _):
+    r = run_python("""
+import client.remote_metal
+from tinygrad import Device
+al = Device["REMOTE"].allocator
+a = al.alloc(600 << 10); al.free(a, 600 << 10)   # LRUAllocator keeps it cached: still allocated on the runner
+b = al.alloc(700 << 10)                          # fits only once the cache is freed
+al._copyin(b, memoryview(bytearray(b"x" * (700 << 10))))
+out = memoryview(bytearray(700 << 10)); al._copyout(out, b)
+print("b", bytes(out[:2]).decode(), len(al.cache[(600 << 10, None)]))
+try:
+  al.alloc(2 << 20)                              # never fits
+  print("no error")
+except MemoryError as e: print("MemoryError:", e)
+""", env={"METAL_RUNNER": addr, "DEV": "REMOTE"})
+  assert r.returncode == 0, r.stderr
+  assert "b xx 0" in r.stdout, r.stdout   # the cached 600 KiB buffer was freed to make room
+  assert "MemoryError: Allocation of 2.00 MB failed on REMOTE" in r.stdout, r.stdout
