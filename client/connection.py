@@ -75,6 +75,7 @@ def _describe(d) -> str:
 
 # Tlaunch is the hot path: one precompiled struct for header + launch record, one per (nbufs, nvals) for the arguments
 _TLAUNCH = struct.Struct("<IHHIIIHH3I3I")
+_HDR, _HDR_COUNT = struct.Struct("<IHHI"), struct.Struct("<IHHII")
 _ARGS: dict[tuple[int, int], struct.Struct] = {}
 def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
   if (st := _ARGS.get((nbufs, nvals))) is None: st = _ARGS[(nbufs, nvals)] = struct.Struct("<" + "IIQ" * nbufs + "q" * nvals)
@@ -213,11 +214,21 @@ class Runner:
     return self._wait(tag, P.RGRAPHRUN)["ns"] * 1e-9 if wait else None
 
   def graph_free(self, gid:int): self._send(P.TGRAPHFREE, f"Tgraphfree graph={gid}", graph=gid)
-  def sync(self): self._wait(self._send(P.TSYNC, "Tsync"), P.RSYNC)
+  def sync(self): self._wait(self._small(P.TSYNC, _HDR, "Tsync"), P.RSYNC)
 
   def ping(self, data=b"") -> bytes:
-    f = self._wait(self._send(P.TPING, f"Tping count={len(data)}", 0, [data], count=len(data)), P.RPING)
-    return f["data"]
+    if len(data) >= COPY_SIZE: return self._wait(self._send(P.TPING, ("Tping count={}", len(data)), 0, [data], count=len(data)), P.RPING)["data"]
+    tag = self._small(P.TPING, _HDR_COUNT, ("Tping count={}", len(data)), len(data))
+    self._out += data
+    return self._wait(tag, P.RPING)["data"]
+
+  def _small(self, type:int, st:struct.Struct, desc, *fields) -> int:
+    """Queue a request whose fixed part is the header plus u32 fields, with a precompiled struct (the waiting requests' hot path)."""
+    if self._dead is not None: self._check(desc)
+    tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._sent[tag] = desc
+    self._out += st.pack(st.size + (fields[0] if type == P.TPING else 0), type, 0, tag, *fields)
+    return tag
 
   # *** frames ***
 
@@ -260,8 +271,11 @@ class Runner:
 
   def _sendv(self, bufs, desc):
     self._out = bytearray()
-    views = [memoryview(b).cast("B") for b in bufs if _nbytes(b)]
     try:
+      if len(bufs) == 1:  # the usual flush: one buffer of queued requests
+        self.sock.sendall(bufs[0])
+        return
+      views = [memoryview(b).cast("B") for b in bufs if _nbytes(b)]
       while views:
         n = self.sock.sendmsg(views[:512])
         while n:
@@ -311,29 +325,31 @@ class Runner:
 
   def _recv_frame(self, deadline:float, dest:dict|None) -> tuple[int, dict, bytes|None]:
     """Read one frame from the runner, checked like the runner checks ours. Rread data goes into dest[tag] if given."""
-    size, t, _, tag = P.HDR.st.unpack(self._fill(P.HDR_SIZE, deadline))
+    if self._rlen - self._rpos < P.HDR_SIZE: self._fill(P.HDR_SIZE, deadline)
+    size, t, _, tag = _HDR.unpack_from(self._rbuf, self._rpos)
     if (m := P.MSGS.get(t)) is None or P.is_request(t) or not m.size <= size <= self.maxmsg:
       raise ValueError(f"malformed frame from the runner: type {t}, size {size}")
-    f = m.unpack(self._fill(m.size, deadline))
+    if self._rlen - self._rpos < m.size: self._fill(m.size, deadline)
+    f = m.unpack(self._rbuf, self._rpos)
     self._rpos += m.size
     if m.size + (n := P.payload_len(t, f)) != size: raise ValueError(f"malformed {m.name} from the runner: size {size} but count {n}")
     if t == P.RREAD and dest is not None and tag in dest:
       if n != dest[tag].nbytes: raise ValueError(f"Rread of {n} bytes for a Tread of {dest[tag].nbytes}")
       self._take_into(dest[tag], deadline)
       return t, f, None
+    if n == 0: return t, f, b""
     data = bytearray(n)
     self._take_into(memoryview(data), deadline)
     return t, f, bytes(data)
 
   def _wait(self, tag:int, rtype:int, dest:memoryview|None=None) -> dict:
     """Flush, then read frames up to the reply to tag; raise the first error of this or any earlier request."""
-    desc = self._sent.get(tag, f"tag {tag}")
-    self._flush(desc)
-    desc = _describe(desc)
-    errors, deadline = [], time.monotonic() + self.timeout
+    desc = self._sent.get(tag) or f"tag {tag}"
+    if self._out: self._flush(desc)
+    errors, deadline, dests = [], time.monotonic() + self.timeout, {tag: dest} if dest is not None else None
     try:
       while True:
-        t, f, data = self._recv_frame(deadline, {tag: dest} if dest is not None else None)
+        t, f, data = self._recv_frame(deadline, dests)
         if t == P.RERROR:
           e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(self._sent.get(f["tag"], f"tag {f['tag']}")))
           if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
@@ -356,7 +372,7 @@ class Runner:
     except (OSError, EOFError, ValueError) as e: self._lost(e, desc, errors)
     except BaseException:  # interrupted half way through a frame: the stream cannot be trusted any more
       self.close()
-      self._dead = f"interrupted while waiting for {desc}"
+      self._dead = f"interrupted while waiting for {_describe(desc)}"
       raise
     # every request up to tag is done now, with or without an error; usually tag is the newest, so this is O(1)
     if self._sent and next(reversed(self._sent)) == tag: self._sent.clear()

@@ -17,6 +17,9 @@
  * dead process's share is returned by the parent.
  */
 #include <sys/mman.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -277,6 +280,13 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	size_t i;
 
 	close(lfd);
+#ifdef __linux__
+	/* A session must not outlive its runner (a SIGKILLed daemon would
+	 * leave orphans serving and holding memory). The parent may already
+	 * be gone by the time this runs: check after arming. */
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 || getppid() == 1)
+		_exit(1);
+#endif
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = SIG_DFL;
 	sigaction(SIGINT, &sa, NULL);

@@ -1,0 +1,88 @@
+"""client/connection.py against a real runner (and, for timeouts, a silent fake): what a tinygrad user ends up seeing."""
+import os, signal, socket, struct, threading, time
+import pytest
+from client import protocol as P
+from client.connection import Runner, RunnerError, RunnerConnectionError
+from runner_proc import runner
+from wire import compile_kernel, ADD1, CRASH
+
+pytestmark = pytest.mark.cpu_only
+
+@pytest.fixture(scope="module")
+def rp():
+  with runner("--max-msg", "65536") as r: yield r   # the smallest maxmsg: every large transfer is split
+
+def f32(*v): return struct.pack(f"<{len(v)}f", *v)
+
+def test_roundtrip_split_into_many_frames(rp):
+  with Runner(rp.addr) as c:
+    assert c.info.backend == "cpu" and c.maxmsg == 65536
+    data = os.urandom(1 << 20)   # 16+ frames each way
+    c.alloc(h := c.new_handle(), len(data)); c.write(h, 0, data)
+    out = bytearray(len(data)); c.read(h, 0, out)
+    assert bytes(out) == data
+    c.copy(h, 0, h, 4096, 4096)
+    part = bytearray(4096); c.read(h, 0, part)
+    assert bytes(part) == data[4096:8192]
+
+def test_launch_graph_and_timing(rp):
+  arch, img, entry = compile_kernel(ADD1, "add1")
+  with Runner(rp.addr) as c:
+    a, b = c.new_handle(), c.new_handle()
+    c.alloc(a, 16); c.alloc(b, 16); c.write(b, 0, f32(1, 2, 3, 4))
+    c.load(p := c.new_handle(), P.PROG_CPU_IMAGE, "add1", img, 2, 1, entry=entry, arch=arch)
+    secs = c.launch(p, [(a, 0), (b, 0)], [4], wait=True)
+    assert 0 < secs < 1
+    c.graph(g := c.new_handle(), [(p, [(b, 0), (a, 0)], [4], (1, 1, 1), (1, 1, 1))])
+    c.graph_run(g, [(0, P.PATCH_VAL, 0, 0, 2)])
+    out = bytearray(16); c.read(b, 0, out)
+    assert bytes(out) == f32(3, 4, 3, 4)
+
+def test_errors_of_pipelined_requests_are_raised_at_the_next_wait_with_what_failed(rp):
+  with Runner(rp.addr) as c:
+    c.free(12345)            # no reply: nothing raised yet
+    c.alloc(h := c.new_handle(), 8)
+    c.write(h, 4, b"12345678")
+    with pytest.raises(RunnerError) as ei: c.sync()
+    e = ei.value
+    assert (e.code_name, e.request) == ("EHANDLE", "Tfree handle=12345") and rp.addr in str(e)
+    assert [x.code_name for x in e.others] == ["ERANGE"] and "Twrite handle=1 offset=4 count=8" in str(e)
+    assert c.ping(b"still usable") == b"still usable"
+
+def test_a_crash_makes_the_runner_unusable_with_the_reason(rp):
+  arch, img, entry = compile_kernel(CRASH, "crash")
+  c = Runner(rp.addr)
+  c.alloc(h := c.new_handle(), 16)
+  c.load(p := c.new_handle(), P.PROG_CPU_IMAGE, "crash", img, 1, 0, entry=entry, arch=arch)
+  with pytest.raises(RunnerError) as ei: c.launch(p, [(h, 0)], [], wait=True)
+  assert ei.value.code_name == "ECRASH" and "kernel crashed" in str(ei.value) and "SIGSEGV" in str(ei.value)
+  with pytest.raises(RunnerConnectionError, match="unusable"): c.ping()
+
+def test_a_runner_that_dies_gives_a_clear_error_naming_it_and_the_request():
+  with runner() as r:
+    c = Runner(r.addr)
+    c.alloc(h := c.new_handle(), 16); c.sync()
+    kids = [int(k) for k in open(f"/proc/{r.proc.pid}/task/{r.proc.pid}/children").read().split()]
+    assert kids, "no session process"
+    os.kill(r.proc.pid, signal.SIGKILL)   # the session process dies with it (PR_SET_PDEATHSIG), no orphan keeps serving
+    t0 = time.monotonic()
+    with pytest.raises(RunnerConnectionError) as ei:
+      for _ in range(3): c.write(h, 0, b"x" * 16); c.sync()
+    assert time.monotonic() - t0 < 5 and r.addr in str(ei.value)
+    assert "Tsync" in str(ei.value) or "Twrite" in str(ei.value)
+    time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{k}") and open(f"/proc/{k}/stat").read().split()[2] != "Z" for k in kids), "orphan session"
+
+def test_unreachable_runner():
+  s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()   # nothing listens there
+  with pytest.raises(RunnerConnectionError, match=f"127.0.0.1:{port}: cannot connect"): Runner(f"127.0.0.1:{port}")
+
+def test_a_silent_server_times_out_instead_of_hanging():
+  ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+  addr = f"127.0.0.1:{ls.getsockname()[1]}"
+  held = []
+  threading.Thread(target=lambda: held.append(ls.accept()), daemon=True).start()   # accepts, never answers
+  t0 = time.monotonic()
+  with pytest.raises(RunnerConnectionError, match="no reply within") as ei: Runner(addr, connect_timeout=1)
+  assert time.monotonic() - t0 < 5 and "Thello" in str(ei.value)
+  ls.close()
