@@ -1,9 +1,9 @@
 #!/bin/sh
-# setup.sh: everything a fresh Debian or macOS machine needs, then the daemon.
-# Idempotent: a second run only checks. Installs clang and make (Debian:
-# apt-get; macOS: the Xcode command line tools must be present), creates
-# .venv with the client and its test dependencies, and builds
-# daemon/metal_runner.
+# setup.sh [test]: everything a fresh Debian or macOS machine needs, then the
+# daemon. Idempotent: a second run only checks. Installs clang and make
+# (Debian: apt-get; macOS: the Xcode command line tools must be present),
+# with "test" also valgrind (Debian), creates .venv with the client and its
+# test dependencies, and builds daemon/metal_runner.
 set -eu
 cd "$(dirname "$0")"
 
@@ -18,6 +18,9 @@ Linux)
 	need cc || missing="$missing gcc"
 	need python3 || missing="$missing python3"
 	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$missing python3-venv"
+	if [ "${1:-}" = test ]; then
+		need valgrind || missing="$missing valgrind"
+	fi
 	if [ -n "$missing" ]; then
 		if ! need apt-get; then
 			echo "setup.sh: please install:$missing" >&2

@@ -43,10 +43,10 @@ export UBSAN_OPTIONS="log_path=$logs/ubsan:print_stacktrace=1:halt_on_error=1"
 cd "$root"
 rc=0
 if [ $# -eq 0 ]; then
-	python3 -m pytest -q -m "not slow" tests/test_daemon.py \
+	"${TEST_PYTHON:-python3}" -m pytest -q -m "not slow" tests/test_daemon.py \
 	    tests/test_hardening.py tests/test_auth.py || rc=$?
 else
-	python3 -m pytest -q "$@" || rc=$?
+	"${TEST_PYTHON:-python3}" -m pytest -q "$@" || rc=$?
 fi
 
 reports=$(ls "$logs")

@@ -1,0 +1,34 @@
+#!/bin/sh
+# test.sh: the whole test suite, exactly as CI runs it (.ci/run calls this).
+#   1. set up (./setup.sh test: also valgrind on Debian)
+#   2. a bounded libFuzzer run over the frame parser and the session, 30 s each
+#   3. the suite against an AddressSanitizer + UBSan build of the daemon
+#   4. the full pytest suite, slow tests included (valgrind leak check of
+#      1,000 sessions per isolation mode)
+# On Linux every step is required. macOS has no valgrind and Apple's clang no
+# libFuzzer: there steps 2 and the leak check are skipped and say so.
+set -eu
+cd "$(dirname "$0")"
+./setup.sh test
+PY=.venv/bin/python
+
+if clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null <<'C'
+#include <stddef.h>
+#include <stdint.h>
+int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }
+C
+then
+	echo "== fuzzing (30 s per target)"
+	FUZZ_TIME=${FUZZ_TIME:-30} tests/fuzz/run.sh
+elif [ "$(uname -s)" = Linux ]; then
+	echo "test.sh: clang cannot build libFuzzer targets" >&2
+	exit 1
+else
+	echo "== fuzzing: skipped, this clang has no libFuzzer"
+fi
+
+echo "== the suite against an ASan + UBSan daemon"
+TEST_PYTHON=$PY tests/fuzz/sanitize_run.sh tests -m "not slow"
+
+echo "== the full suite"
+exec "$PY" -m pytest -q
