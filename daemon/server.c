@@ -231,7 +231,9 @@ reap(int block)
 			struct slot *sl = &shared->slots[i];
 			if (!sl->busy || sl->pid != pid)
 				continue;
-			if (WIFSIGNALED(status))
+			if (WIFSIGNALED(status) && stopping)
+				log_info("session %u stopped", sl->id);
+			else if (WIFSIGNALED(status))
 				log_warn("session %u ended by signal %d", sl->id,
 				    WTERMSIG(status));
 			else if (WEXITSTATUS(status) == 3)

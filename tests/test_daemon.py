@@ -422,3 +422,23 @@ def test_memory_follows_bytes_that_arrived_not_the_declared_size():
     grown = vm_size_kb(child) - before
     assert grown < 4096, f"session grew {grown} KiB of address space for 100 KiB received"
     still_serving(r)
+
+def test_oversized_hello_is_a_framing_error(rp):
+  c = Raw(rp.addr, hello=False)
+  c.send(P.pack(P.THELLO, 1, payload_len=4096, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG) + bytes(4096))
+  code, _, text = c.error()
+  assert code == P.EPROTO and "Thello" in text and c.closed()
+  still_serving(rp)
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_clean_shutdown_on_signal(sig):
+  import signal
+  r = __import__("runner_proc").RunnerProc("-v")
+  c = Raw(r.addr)
+  c.alloc(1, 16); c.ping()
+  r.proc.send_signal(getattr(signal, sig))
+  assert r.proc.wait(10) == 0
+  assert c.closed()
+  log = r.log_text()
+  assert "stopping: 1 sessions open" in log and "warning" not in log
+  r.stop()
