@@ -31,21 +31,30 @@ state(const struct htab *t, uint32_t i)
 	return t->vals[i] == (void *)t ? TOMB : LIVE;
 }
 
-void *
-htab_get(const struct htab *t, uint32_t key)
+/* The slot holding key, or -1. */
+static int64_t
+find(const struct htab *t, uint32_t key)
 {
 	uint32_t i, mask;
 
 	if (t->cap == 0)
-		return NULL;
+		return -1;
 	mask = t->cap - 1;
 	for (i = hash(key) & mask;; i = (i + 1) & mask) {
 		int st = state(t, i);
 		if (st == EMPTY)
-			return NULL;
+			return -1;
 		if (st == LIVE && t->keys[i] == key)
-			return t->vals[i];
+			return i;
 	}
+}
+
+void *
+htab_get(const struct htab *t, uint32_t key)
+{
+	int64_t i = find(t, key);
+
+	return i < 0 ? NULL : t->vals[i];
 }
 
 static int
@@ -95,19 +104,11 @@ htab_put(struct htab *t, uint32_t key, void *val)
 void *
 htab_del(struct htab *t, uint32_t key)
 {
-	uint32_t i, mask;
+	int64_t i = find(t, key);
 	void *v;
 
-	if (t->cap == 0)
+	if (i < 0)
 		return NULL;
-	mask = t->cap - 1;
-	for (i = hash(key) & mask;; i = (i + 1) & mask) {
-		int st = state(t, i);
-		if (st == EMPTY)
-			return NULL;
-		if (st == LIVE && t->keys[i] == key)
-			break;
-	}
 	v = t->vals[i];
 	t->vals[i] = (void *)t;
 	t->count--;

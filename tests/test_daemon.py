@@ -6,7 +6,7 @@ import socket, struct, threading, time
 import pytest
 from client import protocol as P
 from runner_proc import runner
-from wire import Raw, compile_kernel, ADD1, CRASH, SPIN, CORES
+from wire import Raw, compile_kernel, f32, still_serving, ADD1, CRASH, SPIN, CORES
 
 pytestmark = pytest.mark.cpu_only
 
@@ -17,15 +17,7 @@ def rp(request):
 @pytest.fixture(scope="module")
 def add1(): return compile_kernel(ADD1, "add1")
 
-def still_serving(r):
-  """Another client connects, allocates, writes and reads back: the daemon survived whatever came before."""
-  assert r.alive(), "daemon exited"
-  c = Raw(r.addr)
-  c.alloc(1, 8); c.write(1, 0, b"survived")
-  assert c.read(1, 0, 8) == b"survived"
-  c.close()
 
-def f32(*v): return struct.pack(f"<{len(v)}f", *v)
 
 # ---- requests that work
 

@@ -6,7 +6,7 @@ import os, pathlib, shutil, socket, struct, subprocess, sys, threading, time
 import pytest
 from client import protocol as P
 from runner_proc import runner, ROOT
-from wire import Raw, compile_kernel, ADD1
+from wire import Raw, compile_kernel, f32, still_serving, ADD1
 
 pytestmark = pytest.mark.cpu_only
 FUZZ = ROOT / "tests" / "fuzz"
@@ -14,14 +14,7 @@ FUZZ = ROOT / "tests" / "fuzz"
 @pytest.fixture(scope="module")
 def add1(): return compile_kernel(ADD1, "add1")
 
-def f32(*v): return struct.pack(f"<{len(v)}f", *v)
 
-def still_serving(r):
-  assert r.alive(), "daemon exited"
-  c = Raw(r.addr)
-  c.alloc(1, 8); c.write(1, 0, b"survived")
-  assert c.read(1, 0, 8) == b"survived"
-  c.close()
 
 def memory_comes_back(r, size:int, timeout:float=10):
   """A new client can allocate size bytes (the runner's --total-mem) within timeout: the sessions before it are gone."""

@@ -100,6 +100,16 @@ class Raw:
 
   def close(self): self.s.close()
 
+def f32(*v) -> bytes: return struct.pack(f"<{len(v)}f", *v)
+
+def still_serving(r):
+  """Another client connects, allocates, writes and reads back: the daemon survived whatever came before."""
+  assert r.alive(), "daemon exited"
+  c = Raw(r.addr)
+  c.alloc(1, 8); c.write(1, 0, b"survived")
+  assert c.read(1, 0, 8) == b"survived"
+  c.close()
+
 def compile_kernel(src:str, name:str, cpu:str="x86-64-v2") -> tuple[int, bytes, int]:
   """clang-compile a C kernel the way tinygrad's ClangCompiler does; returns (arch code, image, entry)."""
   obj = subprocess.check_output(["clang", "-c", "-x", "c", "-O2", "-fPIC", "-ffreestanding", "-fno-math-errno", "-nostdlib", "-fno-ident",
