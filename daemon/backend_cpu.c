@@ -210,11 +210,30 @@ cpu_close(void)
 {
 }
 
+/* Run core ids of job j until none is left; called and returns with the
+ * lock held, by workers and by the launching thread alike. */
+static void
+work(struct be_session *s, struct pool_job *j)
+{
+	uint64_t args[PROTO_MAX_ARGS];
+
+	while (j->next < j->count) {
+		uint32_t id = j->next++;
+		pthread_mutex_unlock(&s->lock);
+		memcpy(args, j->args, sizeof(args));
+		args[j->corearg] = id;
+		call(j->fn, args);
+		pthread_mutex_lock(&s->lock);
+		if (++j->done == j->count)
+			pthread_cond_signal(&s->idle);
+	}
+}
+
 static void *
 pool_worker(void *arg)
 {
 	struct be_session *s = arg;
-	uint64_t seen = 0, args[PROTO_MAX_ARGS];
+	uint64_t seen = 0;
 
 	pthread_mutex_lock(&s->lock);
 	for (;;) {
@@ -223,17 +242,7 @@ pool_worker(void *arg)
 		if (s->quit)
 			break;
 		seen = s->generation;
-		while (s->job != NULL && s->job->next < s->job->count) {
-			struct pool_job *j = s->job;
-			uint32_t id = j->next++;
-			pthread_mutex_unlock(&s->lock);
-			memcpy(args, j->args, sizeof(args));
-			args[j->corearg] = id;
-			call(j->fn, args);
-			pthread_mutex_lock(&s->lock);
-			if (++j->done == j->count)
-				pthread_cond_signal(&s->idle);
-		}
+		work(s, s->job);
 	}
 	pthread_mutex_unlock(&s->lock);
 	return NULL;
@@ -470,16 +479,7 @@ run_one(struct be_session *s, const struct be_launch *l, char *err)
 	s->generation++;
 	pthread_cond_broadcast(&s->work);
 	/* The launching thread works too, then waits for the stragglers. */
-	while (job.next < job.count) {
-		uint64_t args[PROTO_MAX_ARGS];
-		uint32_t id = job.next++;
-		pthread_mutex_unlock(&s->lock);
-		memcpy(args, job.args, sizeof(args));
-		args[job.corearg] = id;
-		call(job.fn, args);
-		pthread_mutex_lock(&s->lock);
-		job.done++;
-	}
+	work(s, &job);
 	while (job.done < job.count)
 		pthread_cond_wait(&s->idle, &s->lock);
 	s->job = NULL;

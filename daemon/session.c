@@ -94,8 +94,8 @@ struct session {
  * session's process; the handler tells the client why first. */
 static volatile sig_atomic_t crash_armed;
 static int crash_fd = -1;
-static uint8_t crash_frame[PROTO_HDR_SIZE + 8 + PROTO_MAX_ERRTEXT];
-static size_t crash_textlen;
+static uint32_t crash_tag;
+static const char *crash_name;	/* the running kernel's, valid while armed */
 int sess_crash_handlers;	/* set by server.c in session processes */
 
 static int
@@ -858,9 +858,6 @@ resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
 static void
 arm_crash(struct session *s, uint32_t tag, const char *name)
 {
-	union proto_msg m;
-	int n;
-
 	if (!sess_crash_handlers)
 		return;
 	/* A crash ends the session: whatever is queued must already be out,
@@ -869,18 +866,9 @@ arm_crash(struct session *s, uint32_t tag, const char *name)
 		drain_errors(s);
 		flush(s);
 	}
-	/* Prepare the Rerror now: the signal handler only appends the
-	 * signal's name and fixes the sizes. */
-	memset(&m, 0, sizeof(m));
-	m.h.type = PROTO_RERROR;
-	m.h.tag = tag;
-	m.rerror.code = PROTO_ECRASH;
-	proto_put(crash_frame, sizeof(crash_frame), &m);
-	n = snprintf((char *)crash_frame + sizeof(struct proto_rerror),
-	    PROTO_MAX_ERRTEXT - 32, "kernel %s ", name);
-	crash_textlen = n > PROTO_MAX_ERRTEXT - 32 ? PROTO_MAX_ERRTEXT - 32 :
-	    (size_t)n;
 	crash_fd = s->fd;
+	crash_tag = tag;
+	crash_name = name;
 	if (s->ctx->cfg->kernel_timeout > 0)
 		alarm((unsigned)s->ctx->cfg->kernel_timeout);
 	crash_armed = 1;
@@ -897,16 +885,16 @@ disarm_crash(struct session *s)
 	crash_armed = 0;
 }
 
-static void
-put_le32(uint8_t *p, uint32_t v)
+static size_t
+append(char *buf, size_t n, size_t cap, const char *s)
 {
-	p[0] = (uint8_t)v;
-	p[1] = (uint8_t)(v >> 8);
-	p[2] = (uint8_t)(v >> 16);
-	p[3] = (uint8_t)(v >> 24);
+	while (*s != '\0' && n < cap)
+		buf[n++] = *s++;
+	return n;
 }
 
-/* Async-signal-safe: only byte copies, write() and _exit(). */
+/* Async-signal-safe: byte copies, proto_put_rerror (byte stores and
+ * memcpy), write() and _exit(). */
 void
 sess_crash_signal(int sig)
 {
@@ -915,7 +903,9 @@ sess_crash_signal(int sig)
 	    "crashed: SIGILL" : sig == SIGFPE ? "crashed: SIGFPE" :
 	    sig == SIGALRM ? "ran past the runner's kernel time limit" :
 	    "crashed";
-	size_t n = crash_textlen, off = sizeof(struct proto_rerror);
+	static char text[PROTO_MAX_ERRTEXT + 1];
+	static uint8_t frame[sizeof(struct proto_rerror) + PROTO_MAX_ERRTEXT];
+	size_t n;
 
 	/* No kernel is running: the fault is the runner's own. SA_RESETHAND
 	 * restored the default action, so die by the signal and let the
@@ -925,13 +915,14 @@ sess_crash_signal(int sig)
 		_exit(5);
 	}
 	if (crash_fd != -1) {
-		while (*what != '\0' && n < PROTO_MAX_ERRTEXT)
-			crash_frame[off + n++] = (uint8_t)*what++;
-		if (sig == SIGALRM)	/* ETIMEOUT, not ECRASH */
-			put_le32(crash_frame + 12, PROTO_ETIMEOUT);
-		put_le32(crash_frame, (uint32_t)(off + n));
-		put_le32(crash_frame + 16, (uint32_t)n);
-		(void)!write(crash_fd, crash_frame, off + n);
+		n = append(text, 0, PROTO_MAX_ERRTEXT, "kernel ");
+		n = append(text, n, PROTO_MAX_ERRTEXT, crash_name);
+		n = append(text, n, PROTO_MAX_ERRTEXT, " ");
+		n = append(text, n, PROTO_MAX_ERRTEXT, what);
+		text[n] = '\0';
+		n = proto_put_rerror(frame, sizeof(frame), crash_tag,
+		    sig == SIGALRM ? PROTO_ETIMEOUT : PROTO_ECRASH, text);
+		(void)!write(crash_fd, frame, n);
 	}
 	_exit(sig == SIGALRM ? 4 : 3);
 }

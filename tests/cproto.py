@@ -16,22 +16,25 @@ def cdef_text(path:pathlib.Path) -> str:
   keep = re.compile(r"#\s*define\s+\w+\s+(0x[0-9a-fA-F]+|\d+)\b")
   return "\n".join(l for l in path.read_text().splitlines() if not l.lstrip().startswith("#") or keep.match(l.lstrip()))
 
-_mod = None
-def build():
-  """(ffi, lib) for daemon/proto.c, compiled at most once per process."""
-  global _mod
-  if _mod is None:
+_mods: dict[str, tuple] = {}
+def cffi_module(name:str, cdef:str, header:str, source:str, args=()) -> tuple:
+  """(ffi, lib) for one daemon C file built as cffi module name into tests/.build, compiled at most once per process."""
+  if name not in _mods:
     ffi = cffi.FFI()
-    ffi.cdef(cdef_text(DAEMON / "protocol.h") + "\n" + cdef_text(DAEMON / "proto.h"))
-    ffi.set_source("_proto_cffi", '#include "proto.h"', sources=[str(DAEMON / "proto.c")], include_dirs=[str(DAEMON)],
-                   extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror"])
+    ffi.cdef(cdef)
+    ffi.set_source(name, f'#include "{header}"', sources=[str(DAEMON / source)], include_dirs=[str(DAEMON)],
+                   extra_compile_args=["-std=c11", *args, "-Wall", "-Wextra", "-Werror"])
     BUILD.mkdir(exist_ok=True)
     so = ffi.compile(tmpdir=str(BUILD), verbose=False)
-    spec = importlib.util.spec_from_file_location("_proto_cffi", so)
+    spec = importlib.util.spec_from_file_location(name, so)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    _mod = (mod.ffi, mod.lib)
-  return _mod
+    _mods[name] = (mod.ffi, mod.lib)
+  return _mods[name]
+
+def build():
+  """(ffi, lib) for daemon/proto.c."""
+  return cffi_module("_proto_cffi", cdef_text(DAEMON / "protocol.h") + "\n" + cdef_text(DAEMON / "proto.h"), "proto.h", "proto.c")
 
 # type -> member of union proto_msg (its struct is proto_<member>)
 MEMBER = {P.RERROR: "rerror", P.THELLO: "thello", P.RHELLO: "rhello", P.TAUTH: "tauth", P.RAUTH: "rauth", P.TPING: "ping",

@@ -4,39 +4,26 @@ sha256.c is compiled with cffi into tests/.build (like tests/cproto.py does with
 "sha256.c" section of metal_runner.h, so the header stays the only declaration. The end-to-end tests compute the MACs the
 way protocol.md says, with Python's hmac: a client that follows the spec must get in, anything else must not.
 """
-import hashlib, hmac, importlib.util, os, pathlib, socket, subprocess, threading, time
-import cffi
+import hashlib, hmac, os, socket, subprocess, threading, time
 import pytest
 from client import protocol as P
+from client import connection as conn
 from runner_proc import runner, build, ROOT
 from wire import Raw
+from cproto import cffi_module
 
 pytestmark = pytest.mark.cpu_only
 
-DAEMON, BUILD = ROOT / "daemon", pathlib.Path(__file__).resolve().parent / ".build"
+DAEMON = ROOT / "daemon"
 TOKEN = b"s3cret token for the tests"
 AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
 
 # ---- SHA-256 and HMAC-SHA256 in C
 
-_lib = None
 def sha_lib():
-  """(ffi, lib) for daemon/sha256.c, compiled once per process."""
-  global _lib
-  if _lib is None:
-    hdr = (DAEMON / "metal_runner.h").read_text()
-    cdef = hdr.split("/* sha256.c */", 1)[1].split("#endif", 1)[0]
-    ffi = cffi.FFI()
-    ffi.cdef(cdef)
-    ffi.set_source("_sha256_cffi", '#include "metal_runner.h"', sources=[str(DAEMON / "sha256.c")], include_dirs=[str(DAEMON)],
-                   extra_compile_args=["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror"])
-    BUILD.mkdir(exist_ok=True)
-    so = ffi.compile(tmpdir=str(BUILD), verbose=False)
-    spec = importlib.util.spec_from_file_location("_sha256_cffi", so)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    _lib = (mod.ffi, mod.lib)
-  return _lib
+  """(ffi, lib) for daemon/sha256.c; its prototypes are the "sha256.c" section of metal_runner.h."""
+  cdef = (DAEMON / "metal_runner.h").read_text().split("/* sha256.c */", 1)[1].split("#endif", 1)[0]
+  return cffi_module("_sha256_cffi", cdef, "metal_runner.h", "sha256.c", ["-D_GNU_SOURCE"])
 
 def c_sha256(msg:bytes) -> str:
   ffi, lib = sha_lib()
@@ -215,7 +202,6 @@ def test_tauth_to_a_runner_without_a_token_is_estate():
     assert c.error()[:2] == (P.ESTATE, tag)
 
 def test_runner_client_with_a_token(ar, monkeypatch):
-  conn = pytest.importorskip("client.connection", reason="client/connection.py (class Runner) is not there yet")
   monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
   with conn.Runner(ar.addr, token=TOKEN, timeout=10) as r:
     h = r.new_handle()
