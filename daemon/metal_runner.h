@@ -42,6 +42,8 @@ const struct backend *mr_find_backend(const char *name);
 /* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error. */
 int mr_serve(const struct mr_config *cfg);
 void mr_stop(void);
+
+/* slots.c: the session table. */
 /* Memory accounting shared by all sessions (and their processes). */
 int mr_mem_init(uint32_t nslots, uint64_t limit);
 int mr_mem_reserve(int slot, uint64_t n, uint64_t session_limit, char *err);
@@ -58,6 +60,8 @@ struct mr_server_ctx {
 /* Serve one connection until it ends; frees everything it created. */
 void sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
     const char *peer);
+
+/* launch.c */
 /* Process isolation: the handler for a crashing or overrunning kernel. */
 extern int sess_crash_handlers;
 void sess_crash_signal(int sig);

@@ -12,11 +12,9 @@
  * cache. A crashing CPU kernel would take down the daemon in this mode,
  * which is why the CPU backend does not use it unless asked.
  *
- * Memory limits are counted in a shared anonymous mapping, one counter per
- * session slot plus a total, so they hold across session processes and a
- * dead process's share is returned by the parent.
+ * The session table, its memory limits and the authentication penalty
+ * are slots.c's; this file takes a slot for each session and frees it.
  */
-#include <sys/mman.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -28,7 +26,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,22 +34,7 @@
 
 #include "metal_runner.h"
 #include "proto.h"
-
-struct slot {
-	_Atomic uint64_t mem;	/* bytes reserved by the session */
-	pid_t pid;		/* process isolation: the session's process */
-	int fd;			/* thread isolation: the session's socket */
-	uint32_t id;
-	int busy;
-};
-
-struct shared {
-	_Atomic uint64_t total;
-	_Atomic int64_t auth_next;	/* ms: when the next failed auth may answer */
-	uint64_t limit;
-	uint32_t nslots;
-	struct slot slots[];
-};
+#include "slots.h"
 
 struct thread_arg {
 	const struct mr_server_ctx *ctx;
@@ -63,8 +45,6 @@ struct thread_arg {
 };
 
 static volatile sig_atomic_t stopping;
-static struct shared *shared;
-static size_t shared_len;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slots_idle = PTHREAD_COND_INITIALIZER;
 static int nactive;
@@ -114,111 +94,6 @@ on_stop_signal(int sig)
 	stopping = 1;
 }
 
-/* Map the session table: nslots slots and a limit of limit bytes for all
- * sessions together. mr_serve() calls it; a harness that drives
- * sess_serve() directly (tests/fuzz) calls it once itself. */
-int
-mr_mem_init(uint32_t nslots, uint64_t limit)
-{
-	size_t len = sizeof(*shared) + nslots * sizeof(struct slot);
-	struct shared *sh;
-	uint32_t i;
-
-	sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANON,
-	    -1, 0);
-	if (sh == MAP_FAILED)
-		return -1;
-	sh->limit = limit;
-	sh->nslots = nslots;
-	for (i = 0; i < nslots; i++)
-		sh->slots[i].fd = -1;
-	shared = sh;
-	shared_len = len;
-	return 0;
-}
-
-int
-mr_mem_reserve(int slot, uint64_t n, uint64_t session_limit, char *err)
-{
-	struct slot *sl = &shared->slots[slot];
-	uint64_t cur = atomic_load(&shared->total);
-
-	if (session_limit != 0 && (n > session_limit ||
-	    atomic_load(&sl->mem) > session_limit - n)) {
-		snprintf(err, PROTO_ERRLEN, "allocating %llu bytes would pass "
-		    "this session's limit of %llu bytes (%llu in use)",
-		    (unsigned long long)n, (unsigned long long)session_limit,
-		    (unsigned long long)atomic_load(&sl->mem));
-		return -1;
-	}
-	do {
-		if (n > shared->limit || cur > shared->limit - n) {
-			snprintf(err, PROTO_ERRLEN, "allocating %llu bytes would "
-			    "pass the runner's limit of %llu bytes (%llu in use "
-			    "by all sessions)", (unsigned long long)n,
-			    (unsigned long long)shared->limit,
-			    (unsigned long long)cur);
-			return -1;
-		}
-	} while (!atomic_compare_exchange_weak(&shared->total, &cur, cur + n));
-	atomic_fetch_add(&sl->mem, n);
-	return 0;
-}
-
-void
-mr_mem_release(int slot, uint64_t n)
-{
-	atomic_fetch_sub(&shared->slots[slot].mem, n);
-	atomic_fetch_sub(&shared->total, n);
-}
-
-/* A failed authentication waits its turn: failures from all sessions are
- * answered at most one per second between them, so parallel connections do
- * not multiply the rate at which tokens can be guessed. */
-void
-mr_auth_penalty(void)
-{
-	struct timespec ts;
-	int64_t now, cur, start, wait;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-	cur = atomic_load(&shared->auth_next);
-	do	/* take the next free second: start..start+1000 */
-		start = cur < now ? now : cur;
-	while (!atomic_compare_exchange_weak(&shared->auth_next, &cur,
-	    start + 1000));
-	wait = start + 1000 - now;
-	usleep((useconds_t)(wait % 1000) * 1000);
-	sleep((unsigned)(wait / 1000));
-}
-
-/* Return a finished session's slot and whatever memory it still held. */
-static void
-slot_free(int i)
-{
-	struct slot *sl = &shared->slots[i];
-	uint64_t left = atomic_exchange(&sl->mem, 0);
-
-	atomic_fetch_sub(&shared->total, left);
-	sl->busy = 0;
-	sl->pid = 0;
-	sl->fd = -1;
-}
-
-static int
-slot_take(void)
-{
-	uint32_t i;
-
-	for (i = 0; i < shared->nslots; i++)
-		if (!shared->slots[i].busy) {
-			shared->slots[i].busy = 1;
-			return (int)i;
-		}
-	return -1;
-}
-
 static void
 reap(int block)
 {
@@ -227,8 +102,8 @@ reap(int block)
 	uint32_t i;
 
 	while ((pid = waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
-		for (i = 0; i < shared->nslots; i++) {
-			struct slot *sl = &shared->slots[i];
+		for (i = 0; i < slot_count(); i++) {
+			struct slot *sl = slot_get(i);
 			if (!sl->busy || sl->pid != pid)
 				continue;
 			if (WIFSIGNALED(status) && stopping)
@@ -310,25 +185,25 @@ stop_sessions(enum be_isolation iso)
 	time_t deadline = time(NULL) + 5;
 
 	if (iso == BE_ISOLATE_PROCESS) {
-		for (i = 0; i < shared->nslots; i++)
-			if (shared->slots[i].busy && shared->slots[i].pid > 0)
-				kill(shared->slots[i].pid, SIGTERM);
+		for (i = 0; i < slot_count(); i++)
+			if (slot_get(i)->busy && slot_get(i)->pid > 0)
+				kill(slot_get(i)->pid, SIGTERM);
 		while (nactive > 0 && time(NULL) < deadline) {
 			reap(0);
 			usleep(10000);
 		}
-		for (i = 0; i < shared->nslots; i++)
-			if (shared->slots[i].busy && shared->slots[i].pid > 0)
-				kill(shared->slots[i].pid, SIGKILL);
+		for (i = 0; i < slot_count(); i++)
+			if (slot_get(i)->busy && slot_get(i)->pid > 0)
+				kill(slot_get(i)->pid, SIGKILL);
 		while (nactive > 0)
 			reap(1);
 		return;
 	}
 	/* Threads: wake each session out of recv; it cleans up and exits. */
 	pthread_mutex_lock(&slots_lock);
-	for (i = 0; i < shared->nslots; i++)
-		if (shared->slots[i].busy && shared->slots[i].fd != -1)
-			shutdown(shared->slots[i].fd, SHUT_RDWR);
+	for (i = 0; i < slot_count(); i++)
+		if (slot_get(i)->busy && slot_get(i)->fd != -1)
+			shutdown(slot_get(i)->fd, SHUT_RDWR);
 	while (nactive > 0) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -410,7 +285,7 @@ mr_serve(const struct mr_config *cfg)
 		pthread_mutex_lock(&slots_lock);
 		slot = slot_take();
 		if (slot != -1) {
-			shared->slots[slot].id = next_id;
+			slot_get(slot)->id = next_id;
 			nactive++;
 		}
 		pthread_mutex_unlock(&slots_lock);
@@ -433,7 +308,7 @@ mr_serve(const struct mr_config *cfg)
 				slot_free(slot);
 				nactive--;
 			} else {
-				shared->slots[slot].pid = pid;
+				slot_get(slot)->pid = pid;
 				close(fd);
 			}
 		} else {
@@ -445,7 +320,7 @@ mr_serve(const struct mr_config *cfg)
 				ta->id = next_id;
 				ta->slot = slot;
 				snprintf(ta->peer, sizeof(ta->peer), "%s", peer);
-				shared->slots[slot].fd = fd;
+				slot_get(slot)->fd = fd;
 			}
 			if (ta == NULL || pthread_create(&t, NULL,
 			    session_thread, ta) != 0) {
@@ -470,9 +345,7 @@ out:
 	if (lfd != -1)
 		close(lfd);
 	ctx.be->close();
-	if (shared != NULL && nactive == 0) {
-		munmap(shared, shared_len);
-		shared = NULL;
-	}
+	if (nactive == 0)
+		slot_unmap();
 	return rc;
 }

@@ -1,0 +1,215 @@
+/*
+ * buffers.c: a session's buffers: Talloc, Tfree, Twrite, Tread, Tcopy.
+ *
+ * Every buffer is reserved against the session's and the runner's memory
+ * limits (slots.c) before the backend allocates it, and every offset and
+ * count is checked against its size before the backend sees it. Host
+ * access to the contents first waits for launched work (settle).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+/* Host access to buffer contents must wait for launched work. */
+static int
+settle(struct session *s, uint32_t tag)
+{
+	if (!s->dirty)
+		return 0;
+	s->dirty = 0;
+	if (s->be->sync(s->bs, s->err) == -1)
+		return sess_errorf(s, tag, PROTO_EDEVICE, "%s", s->err);
+	return 0;
+}
+
+static int
+range_ok(uint64_t size, uint64_t offset, uint64_t count)
+{
+	/* Never offset + count, which can wrap. */
+	return offset <= size && count <= size - offset;
+}
+
+static struct buffer *
+get_buffer(struct session *s, uint32_t tag, uint32_t h)
+{
+	struct buffer *b = htab_get(&s->bufs, h);
+
+	if (b == NULL)
+		sess_errorf(s, tag, PROTO_EHANDLE, "no buffer with handle %u",
+		    h);
+	return b;
+}
+
+int
+sess_alloc(struct session *s, const struct proto_talloc *t)
+{
+	uint32_t tag = t->h.tag;
+	struct buffer *b;
+
+	if (htab_get(&s->bufs, t->handle) != NULL)
+		return sess_errorf(s, tag, PROTO_EEXIST,
+		    "buffer handle %u is already in use", t->handle);
+	if (t->size == 0)
+		return sess_errorf(s, tag, PROTO_EINVAL, "buffer size is 0");
+	if (t->size > s->ctx->info->maxbuf)
+		return sess_errorf(s, tag, PROTO_ELIMIT, "buffer of %llu bytes "
+		    "is larger than the largest this runner allows, %llu",
+		    (unsigned long long)t->size,
+		    (unsigned long long)s->ctx->info->maxbuf);
+	if (mr_mem_reserve(s->slot, t->size, s->ctx->cfg->session_mem,
+	    s->err) == -1)
+		return sess_errorf(s, tag, PROTO_ELIMIT, "%s", s->err);
+	if (sess_count_handle(s, tag) == -1)
+		goto fail;
+	if ((b = calloc(1, sizeof(*b))) == NULL) {
+		sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
+		goto fail_handle;
+	}
+	if ((b->b = s->be->alloc(s->bs, t->size, s->err)) == NULL) {
+		sess_errorf(s, tag, PROTO_ENOMEM, "%s", s->err);
+		free(b);
+		goto fail_handle;
+	}
+	b->size = t->size;
+	if (htab_put(&s->bufs, t->handle, b) == -1) {
+		sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
+		s->be->free(s->bs, b->b);
+		free(b);
+		goto fail_handle;
+	}
+	s->mem += t->size;
+	return 0;
+fail_handle:
+	s->nhandles--;
+fail:
+	mr_mem_release(s->slot, t->size);
+	return -1;
+}
+
+static void
+free_buffer(struct session *s, struct buffer *b)
+{
+	s->be->free(s->bs, b->b);
+	mr_mem_release(s->slot, b->size);
+	s->mem -= b->size;
+	s->nhandles--;
+	free(b);
+}
+
+int
+sess_free(struct session *s, const struct proto_tfree *t)
+{
+	struct buffer *b = htab_del(&s->bufs, t->handle);
+
+	if (b == NULL)
+		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
+		    "no buffer with handle %u (never allocated or already "
+		    "freed)", t->handle);
+	free_buffer(s, b);
+	return 0;
+}
+
+/* Twrite: the data is still in the socket; it goes straight into the
+ * buffer, or is discarded when the request fails. */
+int
+sess_write(struct session *s, const struct proto_twrite *t)
+{
+	struct buffer *b = get_buffer(s, t->h.tag, t->handle);
+	uint8_t *dst = NULL;
+
+	if (b != NULL && !range_ok(b->size, t->offset, t->count))
+		sess_errorf(s, t->h.tag, PROTO_ERANGE, "write of %llu bytes at "
+		    "offset %llu is outside buffer %u of %llu bytes",
+		    (unsigned long long)t->count,
+		    (unsigned long long)t->offset, t->handle,
+		    (unsigned long long)b->size);
+	else if (b != NULL && settle(s, t->h.tag) == 0)
+		dst = (uint8_t *)s->be->contents(b->b) + t->offset;
+	return sess_take(s, dst, t->count) == -1 ? -2 : 0;
+}
+
+int
+sess_read(struct session *s, const struct proto_tread *t)
+{
+	struct buffer *b = get_buffer(s, t->h.tag, t->handle);
+	union proto_msg r;
+	uint8_t hdr[sizeof(struct proto_rread)];
+	const uint8_t *src;
+
+	if (b == NULL)
+		return sess_fail_reply(s);
+	if (!range_ok(b->size, t->offset, t->count)) {
+		sess_errorf(s, t->h.tag, PROTO_ERANGE, "read of %llu bytes at "
+		    "offset %llu is outside buffer %u of %llu bytes",
+		    (unsigned long long)t->count,
+		    (unsigned long long)t->offset, t->handle,
+		    (unsigned long long)b->size);
+		return sess_fail_reply(s);
+	}
+	if (t->count > s->maxmsg - sizeof(struct proto_rread)) {
+		sess_errorf(s, t->h.tag, PROTO_ELIMIT, "read of %llu bytes "
+		    "does not fit in one %u-byte frame; split it",
+		    (unsigned long long)t->count, s->maxmsg);
+		return sess_fail_reply(s);
+	}
+	if (settle(s, t->h.tag) == -1)
+		return sess_fail_reply(s);
+	src = (const uint8_t *)s->be->contents(b->b) + t->offset;
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RREAD;
+	r.h.tag = t->h.tag;
+	r.h.size = (uint32_t)(sizeof(hdr) + t->count);
+	r.rread.count = (uint32_t)t->count;
+	proto_put(hdr, sizeof(hdr), &r);
+	if (sess_drain_errors(s) == -1 ||
+	    sess_grow(&s->out, &s->outcap, s->outlen + sizeof(hdr)) == -1)
+		return -2;
+	memcpy(s->out + s->outlen, hdr, sizeof(hdr));
+	s->outlen += sizeof(hdr);
+	/* Small reads ride in the output buffer; large ones go straight
+	 * from the buffer's memory behind the pending bytes. */
+	if (t->count <= 4096) {
+		if (sess_grow(&s->out, &s->outcap, s->outlen + t->count) == -1)
+			return -2;
+		memcpy(s->out + s->outlen, src, (size_t)t->count);
+		s->outlen += (size_t)t->count;
+		return 0;
+	}
+	if (net_sendv_all(s->fd, s->out, s->outlen, src, (size_t)t->count) ==
+	    -1)
+		return -2;
+	s->outlen = 0;
+	return 0;
+}
+
+int
+sess_copy(struct session *s, const struct proto_tcopy *t)
+{
+	struct buffer *d, *src;
+
+	if ((d = get_buffer(s, t->h.tag, t->dst)) == NULL ||
+	    (src = get_buffer(s, t->h.tag, t->src)) == NULL)
+		return -1;
+	if (!range_ok(d->size, t->dstoff, t->count) ||
+	    !range_ok(src->size, t->srcoff, t->count))
+		return sess_errorf(s, t->h.tag, PROTO_ERANGE, "copy of %llu "
+		    "bytes from buffer %u offset %llu (%llu bytes) to buffer "
+		    "%u offset %llu (%llu bytes) is out of range",
+		    (unsigned long long)t->count, t->src,
+		    (unsigned long long)t->srcoff,
+		    (unsigned long long)src->size, t->dst,
+		    (unsigned long long)t->dstoff,
+		    (unsigned long long)d->size);
+	if (s->be->copy(s->bs, d->b, t->dstoff, src->b, t->srcoff, t->count,
+	    s->err) == -1)
+		return sess_errorf(s, t->h.tag, PROTO_EDEVICE, "%s", s->err);
+	s->dirty = 1;
+	return 0;
+}
+
+void
+sess_release_buffer(void *v, void *arg)
+{
+	free_buffer(arg, v);
+}

@@ -1,0 +1,142 @@
+/*
+ * handshake.c: the first exchanges of a session, Thello and Tauth.
+ *
+ * Thello fixes the version and the frame size and tells the client what
+ * the runner offers; with a token configured it carries the server's
+ * nonce, and Tauth must follow: an HMAC-SHA256 of both nonces under the
+ * token, each way. A wrong MAC ends the session after the penalty wait
+ * shared by all sessions (mr_auth_penalty, slots.c).
+ */
+#include <sys/types.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "session.h"
+
+static void
+random_bytes(uint8_t *p, size_t n)
+{
+#if defined(__APPLE__) || defined(__OpenBSD__)
+	arc4random_buf(p, n);
+#else
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	ssize_t r = 0;
+
+	while (fd != -1 && n > 0 && (r = read(fd, p, n)) > 0) {
+		p += r;
+		n -= (size_t)r;
+	}
+	if (fd != -1)
+		close(fd);
+	if (n > 0)	/* unreachable on a working system; never a zero nonce */
+		abort();
+#endif
+}
+
+int
+sess_hello(struct session *s, const union proto_msg *m)
+{
+	const struct be_info *info = s->ctx->info;
+	const struct mr_config *cfg = s->ctx->cfg;
+	const struct proto_thello *t = &m->thello;
+	union proto_msg r;
+	char text[128];
+
+	if (m->h.type != PROTO_THELLO) {
+		snprintf(text, sizeof(text), "the first request must be "
+		    "Thello, not %s", proto_type_name(m->h.type));
+		return sess_fatal(s, m->h.tag, PROTO_ESTATE, text);
+	}
+	if (t->magic != PROTO_MAGIC)
+		return sess_fatal(s, m->h.tag, PROTO_EVERSION,
+		    "bad magic: not a metal_runner client");
+	if (t->version != PROTO_VERSION) {
+		snprintf(text, sizeof(text), "protocol version %u not "
+		    "supported; this runner speaks version %u", t->version,
+		    PROTO_VERSION);
+		return sess_fatal(s, m->h.tag, PROTO_EVERSION, text);
+	}
+	if (t->maxmsg < PROTO_MIN_MAXMSG) {
+		snprintf(text, sizeof(text), "maxmsg %u is below the minimum "
+		    "%u", t->maxmsg, PROTO_MIN_MAXMSG);
+		return sess_fatal(s, m->h.tag, PROTO_EINVAL, text);
+	}
+	s->maxmsg = t->maxmsg < cfg->maxmsg ? t->maxmsg : cfg->maxmsg;
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RHELLO;
+	r.h.tag = m->h.tag;
+	r.rhello.magic = PROTO_MAGIC;
+	r.rhello.version = PROTO_VERSION;
+	r.rhello.maxmsg = s->maxmsg;
+	r.rhello.backend = info->backend;
+	r.rhello.caps = info->caps | (cfg->token != NULL ? PROTO_CAP_AUTH : 0);
+	r.rhello.ncores = info->ncores;
+	r.rhello.memory = cfg->total_mem ? min64(cfg->total_mem, info->memory) :
+	    info->memory;
+	if (cfg->session_mem)
+		r.rhello.memory = min64(r.rhello.memory, cfg->session_mem);
+	r.rhello.maxbuf = min64(info->maxbuf, r.rhello.memory);
+	r.rhello.maxhandles = cfg->max_handles;
+	r.rhello.session = s->id;
+	if (cfg->token != NULL) {
+		random_bytes(s->snonce, sizeof(s->snonce));
+		memcpy(r.rhello.nonce, s->snonce, sizeof(s->snonce));
+	}
+	memcpy(r.rhello.name, info->name, sizeof(r.rhello.name));
+	memcpy(r.rhello.arch, info->arch, sizeof(r.rhello.arch));
+	memcpy(r.rhello.cpu, info->cpu, sizeof(r.rhello.cpu));
+	memcpy(r.rhello.features, info->features, sizeof(r.rhello.features));
+	s->state = cfg->token != NULL ? S_AUTH : S_READY;
+	return sess_reply(s, &r, NULL, 0);
+}
+
+static const char auth_client[] = "metal_runner-auth-v1 client";
+static const char auth_server[] = "metal_runner-auth-v1 server";
+
+static void
+auth_mac(const struct mr_config *cfg, const char *label, const uint8_t *a,
+    const uint8_t *b, uint8_t out[32])
+{
+	uint8_t msg[sizeof(auth_client) + 2 * PROTO_NONCE_SIZE];
+	size_t l = strlen(label);
+
+	memcpy(msg, label, l);
+	memcpy(msg + l, a, PROTO_NONCE_SIZE);
+	memcpy(msg + l + PROTO_NONCE_SIZE, b, PROTO_NONCE_SIZE);
+	hmac_sha256(cfg->token, cfg->tokenlen, msg, l + 2 * PROTO_NONCE_SIZE,
+	    out);
+}
+
+int
+sess_auth(struct session *s, const union proto_msg *m, const char *peer)
+{
+	const struct mr_config *cfg = s->ctx->cfg;
+	uint8_t want[32], diff = 0;
+	union proto_msg r;
+	size_t i;
+
+	if (m->h.type != PROTO_TAUTH)
+		return sess_fatal(s, m->h.tag, PROTO_ESTATE, "this runner "
+		    "requires authentication: Tauth must follow Rhello");
+	auth_mac(cfg, auth_client, s->snonce, m->tauth.cnonce, want);
+	for (i = 0; i < sizeof(want); i++)	/* constant time */
+		diff |= want[i] ^ m->tauth.mac[i];
+	if (diff != 0) {
+		log_warn("session %u: authentication failed from %s", s->id,
+		    peer);
+		mr_auth_penalty();	/* rate-limits guessing */
+		return sess_fatal(s, m->h.tag, PROTO_EAUTH, "authentication "
+		    "failed: wrong token");
+	}
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RAUTH;
+	r.h.tag = m->h.tag;
+	auth_mac(cfg, auth_server, m->tauth.cnonce, s->snonce, r.rauth.mac);
+	s->state = S_READY;
+	log_info("session %u: authenticated", s->id);
+	return sess_reply(s, &r, NULL, 0);
+}

@@ -1,0 +1,431 @@
+/*
+ * launch.c: running kernels: Tlaunch, Tgraph, Tgraphrun, Tgraphfree, and
+ * the report of a kernel that crashes or runs too long.
+ *
+ * Each launch record's handles are resolved and checked afresh at every
+ * launch, so a graph never holds a pointer to a buffer freed since it was
+ * made. In a session process the launch is armed: a signal while the
+ * kernel runs sends the client an Rerror and ends the process.
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "session.h"
+
+/* Process isolation: a kernel that crashes or overruns its time ends its
+ * session's process; the handler tells the client why first. */
+static volatile sig_atomic_t crash_armed;
+static int crash_fd = -1;
+static uint32_t crash_tag;
+static const char *crash_name;	/* the running kernel's, valid while armed */
+int sess_crash_handlers;	/* set by server.c in session processes */
+
+static int
+scratch(struct session *s, size_t nlaunch, size_t nargs)
+{
+	if (nlaunch > s->launchcap) {
+		void *p = realloc(s->launches, nlaunch * sizeof(*s->launches));
+		if (p == NULL)
+			return -1;
+		s->launches = p;
+		s->launchcap = nlaunch;
+	}
+	if (nargs > s->argcap) {
+		void *b = realloc(s->lbufs, nargs * sizeof(*s->lbufs));
+		void *o;
+		if (b == NULL)
+			return -1;
+		s->lbufs = b;
+		if ((o = realloc(s->loffs, nargs * sizeof(*s->loffs))) == NULL)
+			return -1;
+		s->loffs = o;
+		s->argcap = nargs;
+	}
+	return 0;
+}
+
+/* Resolve one launch record's handles into l, checking everything the
+ * backend will trust. bufs/offs have room for l->nbufs entries. */
+static int
+resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
+    const struct proto_arg *args, const int64_t *vals, struct be_launch *l,
+    struct be_buffer **bufs, uint64_t *offs, const char **name)
+{
+	struct program *p = htab_get(&s->progs, pl->prog);
+	unsigned i;
+
+	if (p == NULL)
+		return sess_errorf(s, tag, PROTO_EHANDLE,
+		    "no program with handle %u", pl->prog);
+	*name = p->name;
+	if (pl->nbufs != p->nbufs || pl->nvals != p->nvals)
+		return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s takes %u "
+		    "buffers and %u values; the launch passed %u and %u",
+		    p->name, p->nbufs, p->nvals, pl->nbufs, pl->nvals);
+	for (i = 0; i < 3; i++)
+		if (pl->global[i] == 0 || pl->local[i] == 0)
+			return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s: "
+			    "launch size has a zero dimension", p->name);
+	for (i = 0; i < pl->nbufs; i++) {
+		struct buffer *b = htab_get(&s->bufs, args[i].handle);
+		if (b == NULL)
+			return sess_errorf(s, tag, PROTO_EHANDLE, "kernel %s "
+			    "argument %u: no buffer with handle %u", p->name,
+			    i, args[i].handle);
+		if (args[i].offset > b->size)
+			return sess_errorf(s, tag, PROTO_ERANGE, "kernel %s "
+			    "argument %u: offset %llu is past the end of "
+			    "buffer %u (%llu bytes)", p->name, i,
+			    (unsigned long long)args[i].offset, args[i].handle,
+			    (unsigned long long)b->size);
+		bufs[i] = b->b;
+		offs[i] = args[i].offset;
+	}
+	l->prog = p->p;
+	l->nbufs = pl->nbufs;
+	l->nvals = pl->nvals;
+	l->bufs = bufs;
+	l->offsets = offs;
+	l->vals = vals;
+	memcpy(l->global, pl->global, sizeof(l->global));
+	memcpy(l->local, pl->local, sizeof(l->local));
+	return 0;
+}
+
+static void
+arm_crash(struct session *s, uint32_t tag, const char *name)
+{
+	if (!sess_crash_handlers)
+		return;
+	/* A crash ends the session: whatever is queued must already be out,
+	 * so the handler's frame is the last and no error is lost. */
+	if (s->errqlen > 0 || s->dropped > 0 || s->outlen > 0) {
+		sess_drain_errors(s);
+		sess_flush(s);
+	}
+	crash_fd = s->fd;
+	crash_tag = tag;
+	crash_name = name;
+	if (s->ctx->cfg->kernel_timeout > 0)
+		alarm((unsigned)s->ctx->cfg->kernel_timeout);
+	crash_armed = 1;
+}
+
+static void
+disarm_crash(struct session *s)
+{
+	if (!sess_crash_handlers)
+		return;
+	/* Cancel the alarm first: one that fires now is still the kernel's. */
+	if (s->ctx->cfg->kernel_timeout > 0)
+		alarm(0);
+	crash_armed = 0;
+}
+
+static size_t
+append(char *buf, size_t n, size_t cap, const char *s)
+{
+	while (*s != '\0' && n < cap)
+		buf[n++] = *s++;
+	return n;
+}
+
+/* Async-signal-safe: byte copies, proto_put_rerror (byte stores and
+ * memcpy), write() and _exit(). */
+void
+sess_crash_signal(int sig)
+{
+	const char *what = sig == SIGSEGV ? "crashed: SIGSEGV" :
+	    sig == SIGBUS ? "crashed: SIGBUS" : sig == SIGILL ?
+	    "crashed: SIGILL" : sig == SIGFPE ? "crashed: SIGFPE" :
+	    sig == SIGALRM ? "ran past the runner's kernel time limit" :
+	    "crashed";
+	static char text[PROTO_MAX_ERRTEXT + 1];
+	static uint8_t frame[sizeof(struct proto_rerror) + PROTO_MAX_ERRTEXT];
+	size_t n;
+
+	/* No kernel is running: the fault is the runner's own. SA_RESETHAND
+	 * restored the default action, so die by the signal and let the
+	 * parent log it as such, not as a kernel crash. */
+	if (!crash_armed) {
+		raise(sig);
+		_exit(5);
+	}
+	if (crash_fd != -1) {
+		n = append(text, 0, PROTO_MAX_ERRTEXT, "kernel ");
+		n = append(text, n, PROTO_MAX_ERRTEXT, crash_name);
+		n = append(text, n, PROTO_MAX_ERRTEXT, " ");
+		n = append(text, n, PROTO_MAX_ERRTEXT, what);
+		text[n] = '\0';
+		n = proto_put_rerror(frame, sizeof(frame), crash_tag,
+		    sig == SIGALRM ? PROTO_ETIMEOUT : PROTO_ECRASH, text);
+		(void)!write(crash_fd, frame, n);
+	}
+	_exit(sig == SIGALRM ? 4 : 3);
+}
+
+int
+sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
+{
+	struct proto_launch pl;
+	struct proto_arg args[PROTO_MAX_ARGS];
+	int64_t vals[PROTO_MAX_ARGS];
+	struct be_buffer *bufs[PROTO_MAX_ARGS];
+	uint64_t offs[PROTO_MAX_ARGS], ns = 0;
+	struct be_launch l;
+	const char *name = "?";
+	size_t off = sizeof(struct proto_tlaunch) - sizeof(struct proto_launch);
+	int wait = (m->h.flags & PROTO_FWAIT) != 0, timed;
+	union proto_msg r;
+
+	if (proto_get_launch(frame, m->h.size, &off, &pl, args, vals,
+	    s->err) == -1 || off != m->h.size)
+		return sess_fatal(s, m->h.tag, PROTO_EPROTO, s->err);
+	if (resolve(s, m->h.tag, &pl, args, vals, &l, bufs, offs,
+	    &name) == -1)
+		return wait ? sess_fail_reply(s) : -1;
+	timed = wait || log_verbose >= 2;
+	arm_crash(s, m->h.tag, name);
+	if (s->be->launch(s->bs, &l, 1, timed, &ns, s->err) == -1) {
+		disarm_crash(s);
+		sess_errorf(s, m->h.tag, PROTO_EDEVICE, "kernel %s: %s", name,
+		    s->err);
+		return wait ? sess_fail_reply(s) : -1;
+	}
+	disarm_crash(s);
+	s->dirty = !timed;
+	log_debug("session %u: %-24s global (%u,%u,%u) local (%u,%u,%u) "
+	    "%10.2f us", s->id, name, pl.global[0], pl.global[1],
+	    pl.global[2], pl.local[0], pl.local[1], pl.local[2],
+	    (double)ns / 1e3);
+	if (!wait)
+		return 0;
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RLAUNCH;
+	r.h.tag = m->h.tag;
+	r.rtime.ns = ns;
+	return sess_reply(s, &r, NULL, 0);
+}
+
+static void
+free_graph(void *v, void *arg)
+{
+	struct graph *g = v;
+	uint32_t i;
+
+	(void)arg;
+	for (i = 0; i < g->count; i++) {
+		free(g->e[i].args);
+		free(g->e[i].vals);
+	}
+	free(g->e);
+	free(g);
+}
+
+int
+sess_graph(struct session *s, const struct proto_tgraph *t,
+    const uint8_t *frame)
+{
+	struct proto_launch pl;
+	struct proto_arg args[PROTO_MAX_ARGS];
+	int64_t vals[PROTO_MAX_ARGS];
+	size_t off = sizeof(*t), i;
+	struct graph *g;
+	struct program *p;
+
+	/* Check the records' framing before anything else. */
+	for (i = 0; i < t->count; i++)
+		if (proto_get_launch(frame, t->h.size, &off, &pl, args, vals,
+		    s->err) == -1)
+			return sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
+	if (off != t->h.size)
+		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "Tgraph records "
+		    "do not fill the frame");
+	if (htab_get(&s->graphs, t->graph) != NULL)
+		return sess_errorf(s, t->h.tag, PROTO_EEXIST,
+		    "graph handle %u is already in use", t->graph);
+	if (t->count == 0)
+		return sess_errorf(s, t->h.tag, PROTO_EINVAL,
+		    "graph has no kernels");
+	if (sess_count_handle(s, t->h.tag) == -1)
+		return -1;
+	if ((g = calloc(1, sizeof(*g))) == NULL ||
+	    (g->e = calloc(t->count, sizeof(*g->e))) == NULL) {
+		free(g);
+		s->nhandles--;
+		return sess_errorf(s, t->h.tag, PROTO_ENOMEM,
+		    "out of host memory");
+	}
+	off = sizeof(*t);
+	for (i = 0; i < t->count; i++) {
+		struct graph_entry *e = &g->e[i];
+		proto_get_launch(frame, t->h.size, &off, &e->l, args, vals,
+		    s->err);
+		g->count++;
+		e->args = calloc(e->l.nbufs + 1, sizeof(*e->args));
+		e->vals = calloc(e->l.nvals + 1, sizeof(*e->vals));
+		if (e->args == NULL || e->vals == NULL) {
+			sess_errorf(s, t->h.tag, PROTO_ENOMEM,
+			    "out of host memory");
+			goto fail;
+		}
+		memcpy(e->args, args, e->l.nbufs * sizeof(*args));
+		memcpy(e->vals, vals, e->l.nvals * sizeof(*vals));
+		if ((p = htab_get(&s->progs, e->l.prog)) == NULL) {
+			sess_errorf(s, t->h.tag, PROTO_EHANDLE, "graph entry "
+			    "%zu: no program with handle %u", i, e->l.prog);
+			goto fail;
+		}
+		if (p->nbufs != e->l.nbufs || p->nvals != e->l.nvals) {
+			sess_errorf(s, t->h.tag, PROTO_EINVAL, "graph entry "
+			    "%zu: kernel %s takes %u buffers and %u values, "
+			    "the entry passes %u and %u", i, p->name, p->nbufs,
+			    p->nvals, e->l.nbufs, e->l.nvals);
+			goto fail;
+		}
+	}
+	if (htab_put(&s->graphs, t->graph, g) == -1) {
+		sess_errorf(s, t->h.tag, PROTO_ENOMEM, "out of host memory");
+		goto fail;
+	}
+	return 0;
+fail:
+	free_graph(g, NULL);
+	s->nhandles--;
+	return -1;
+}
+
+static int
+check_patch(struct session *s, uint32_t tag, const struct graph *g,
+    const struct proto_patch *p)
+{
+	const struct graph_entry *e;
+
+	if (p->entry >= g->count)
+		return sess_errorf(s, tag, PROTO_EINVAL, "patch names entry %u "
+		    "of a %u-entry graph", p->entry, g->count);
+	e = &g->e[p->entry];
+	switch (p->kind) {
+	case PROTO_PATCH_BUF:
+		if (p->index < e->l.nbufs)
+			return 0;
+		break;
+	case PROTO_PATCH_VAL:
+		if (p->index < e->l.nvals)
+			return 0;
+		break;
+	case PROTO_PATCH_GLOBAL:
+	case PROTO_PATCH_LOCAL:
+		if (p->index >= 3)
+			break;
+		if (p->value == 0 || p->value > UINT32_MAX)
+			return sess_errorf(s, tag, PROTO_EINVAL, "launch "
+			    "dimension %llu out of range",
+			    (unsigned long long)p->value);
+		return 0;
+	default:
+		return sess_errorf(s, tag, PROTO_EINVAL,
+		    "unknown patch kind %u", p->kind);
+	}
+	return sess_errorf(s, tag, PROTO_EINVAL, "patch index %u out of range "
+	    "for entry %u", p->index, p->entry);
+}
+
+int
+sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
+    const uint8_t *frame)
+{
+	struct graph *g = htab_get(&s->graphs, t->graph);
+	const uint8_t *body = frame + sizeof(*t);
+	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a;
+	int wait = (t->h.flags & PROTO_FWAIT) != 0, timed;
+	struct proto_patch p;
+	const char *name = "?";
+	char gname[32];
+	uint64_t ns = 0;
+	union proto_msg r;
+
+	if (g == NULL) {
+		sess_errorf(s, t->h.tag, PROTO_EHANDLE,
+		    "no graph with handle %u", t->graph);
+		return wait ? sess_fail_reply(s) : -1;
+	}
+	/* All patches are checked before any is applied. */
+	for (i = 0; i < t->count; i++)
+		if (proto_get_patch(body, blen, i, &p, s->err) == -1)
+			return sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
+		else if (check_patch(s, t->h.tag, g, &p) == -1)
+			return wait ? sess_fail_reply(s) : -1;
+	for (i = 0; i < t->count; i++) {
+		struct graph_entry *e;
+		proto_get_patch(body, blen, i, &p, s->err);
+		e = &g->e[p.entry];
+		if (p.kind == PROTO_PATCH_BUF) {
+			e->args[p.index].handle = p.handle;
+			e->args[p.index].offset = p.value;
+		} else if (p.kind == PROTO_PATCH_VAL)
+			e->vals[p.index] = (int64_t)p.value;
+		else if (p.kind == PROTO_PATCH_GLOBAL)
+			e->l.global[p.index] = (uint32_t)p.value;
+		else
+			e->l.local[p.index] = (uint32_t)p.value;
+	}
+	for (i = 0; i < g->count; i++)
+		nargs += g->e[i].l.nbufs;
+	if (scratch(s, g->count, nargs) == -1) {
+		sess_errorf(s, t->h.tag, PROTO_ENOMEM, "out of host memory");
+		return wait ? sess_fail_reply(s) : -1;
+	}
+	/* Buffers are looked up at every run: one freed since the graph
+	 * was made is an error here, never a dangling pointer. */
+	for (i = a = 0; i < g->count; i++) {
+		struct graph_entry *e = &g->e[i];
+		if (resolve(s, t->h.tag, &e->l, e->args, e->vals,
+		    &s->launches[i], s->lbufs + a, s->loffs + a, &name) == -1)
+			return wait ? sess_fail_reply(s) : -1;
+		a += e->l.nbufs;
+	}
+	timed = wait || log_verbose >= 2;
+	snprintf(gname, sizeof(gname), "in graph %u", t->graph);
+	arm_crash(s, t->h.tag, gname);
+	if (s->be->launch(s->bs, s->launches, g->count, timed, &ns,
+	    s->err) == -1) {
+		disarm_crash(s);
+		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "graph %u: %s",
+		    t->graph, s->err);
+		return wait ? sess_fail_reply(s) : -1;
+	}
+	disarm_crash(s);
+	s->dirty = !timed;
+	log_debug("session %u: graph %u, %u kernels %10.2f us", s->id,
+	    t->graph, g->count, (double)ns / 1e3);
+	if (!wait)
+		return 0;
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RGRAPHRUN;
+	r.h.tag = t->h.tag;
+	r.rtime.ns = ns;
+	return sess_reply(s, &r, NULL, 0);
+}
+
+int
+sess_graphfree(struct session *s, const struct proto_tgraphfree *t)
+{
+	struct graph *g = htab_del(&s->graphs, t->graph);
+
+	if (g == NULL)
+		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
+		    "no graph with handle %u", t->graph);
+	free_graph(g, NULL);
+	s->nhandles--;
+	return 0;
+}
+
+void
+sess_release_graph(void *v, void *arg)
+{
+	free_graph(v, arg);
+}

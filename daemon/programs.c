@@ -1,0 +1,126 @@
+/*
+ * programs.c: a session's programs: Tload and Tunload.
+ *
+ * A program is checked whole (kind against the backend's capabilities,
+ * name, argument counts, CRC-32 of the data) before the backend compiles
+ * or maps it; launch.c looks programs up by handle.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+static const char *
+kind_name(unsigned kind)
+{
+	switch (kind) {
+	case PROTO_PROG_CPU_IMAGE:
+		return "CPU image";
+	case PROTO_PROG_METALLIB:
+		return "metallib";
+	case PROTO_PROG_METAL_SOURCE:
+		return "Metal source";
+	}
+	return "unknown";
+}
+
+int
+sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
+{
+	struct be_program_desc d;
+	struct program *p;
+	uint32_t tag = t->h.tag;
+	uint16_t cap;
+	size_t nargs = (size_t)t->nbufs + t->nvals;
+
+	if (htab_get(&s->progs, t->prog) != NULL)
+		return sess_errorf(s, tag, PROTO_EEXIST,
+		    "program handle %u is already in use", t->prog);
+	cap = t->kind == PROTO_PROG_CPU_IMAGE ? PROTO_CAP_CPU_IMAGE :
+	    t->kind == PROTO_PROG_METALLIB ? PROTO_CAP_METALLIB :
+	    t->kind == PROTO_PROG_METAL_SOURCE ? PROTO_CAP_METAL_SOURCE : 0;
+	if (cap == 0)
+		return sess_errorf(s, tag, PROTO_EINVAL,
+		    "unknown program kind %u", t->kind);
+	if ((s->ctx->info->caps & cap) == 0)
+		return sess_errorf(s, tag, PROTO_EKIND, "backend %s does not "
+		    "accept %s programs", s->be->name, kind_name(t->kind));
+	if (t->namelen == 0 || t->namelen > PROTO_MAX_NAME ||
+	    memchr(body, '\0', t->namelen) != NULL)
+		return sess_errorf(s, tag, PROTO_EINVAL, "kernel name must be "
+		    "1 to %u bytes with no NUL", PROTO_MAX_NAME);
+	if (t->datalen == 0)
+		return sess_errorf(s, tag, PROTO_EINVAL,
+		    "program data is empty");
+	if (nargs > PROTO_MAX_ARGS)
+		return sess_errorf(s, tag, PROTO_EINVAL, "kernel takes %zu "
+		    "arguments, more than %u", nargs, PROTO_MAX_ARGS);
+	if (t->corearg != PROTO_NO_CORE && t->corearg >= nargs)
+		return sess_errorf(s, tag, PROTO_EINVAL, "core_id argument %u "
+		    "is past the kernel's %zu arguments", t->corearg, nargs);
+	if (proto_crc32(0, body + t->namelen, t->datalen) != t->crc)
+		return sess_errorf(s, tag, PROTO_EPROGRAM, "program data is "
+		    "corrupt: CRC-32 mismatch");
+	if (sess_count_handle(s, tag) == -1)
+		return -1;
+	if ((p = calloc(1, sizeof(*p))) == NULL) {
+		s->nhandles--;
+		return sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
+	}
+	memcpy(p->name, body, t->namelen);
+	p->nbufs = t->nbufs;
+	p->nvals = t->nvals;
+	memset(&d, 0, sizeof(d));
+	d.kind = t->kind;
+	d.arch = t->arch;
+	d.nbufs = t->nbufs;
+	d.nvals = t->nvals;
+	d.corearg = t->corearg;
+	d.entry = t->entry;
+	d.name = p->name;
+	d.data = body + t->namelen;
+	d.datalen = t->datalen;
+	if ((p->p = s->be->load(s->bs, &d, s->err)) == NULL) {
+		sess_errorf(s, tag, PROTO_EPROGRAM, "cannot load %s: %s",
+		    p->name, s->err);
+		goto fail;
+	}
+	if (htab_put(&s->progs, t->prog, p) == -1) {
+		sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
+		s->be->unload(s->bs, p->p);
+		goto fail;
+	}
+	log_debug("session %u: loaded %s (%s, %u bytes)", s->id, p->name,
+	    kind_name(t->kind), t->datalen);
+	return 0;
+fail:
+	s->nhandles--;
+	free(p);
+	return -1;
+}
+
+static void
+free_program(struct session *s, struct program *p)
+{
+	s->be->unload(s->bs, p->p);
+	s->nhandles--;
+	free(p);
+}
+
+int
+sess_unload(struct session *s, const struct proto_tunload *t)
+{
+	struct program *p = htab_del(&s->progs, t->prog);
+
+	if (p == NULL)
+		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
+		    "no program with handle %u", t->prog);
+	free_program(s, p);
+	return 0;
+}
+
+void
+sess_release_program(void *v, void *arg)
+{
+	free_program(arg, v);
+}

@@ -1,0 +1,131 @@
+/*
+ * session.h: what the files of one session share, and nothing else.
+ *
+ * A session is split by concern: session.c reads frames, queues replies
+ * and errors and dispatches; handshake.c answers Thello and Tauth;
+ * buffers.c and programs.c keep the handle tables; launch.c resolves and
+ * runs kernels and graphs and reports a crashing one. They share struct
+ * session and the helpers declared here, grouped by file. Private to the
+ * daemon: the embedding API is metal_runner.h.
+ *
+ * A request handler sess_X answers TX: 0, -1 for a failed request (its
+ * error is queued, or is the reply of a request that waits), -2 to end
+ * the session.
+ */
+#ifndef SESSION_H
+#define SESSION_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "metal_runner.h"
+#include "proto.h"
+
+struct buffer {
+	struct be_buffer *b;
+	uint64_t size;
+};
+
+struct program {
+	struct be_program *p;
+	uint16_t nbufs;
+	uint16_t nvals;
+	char name[PROTO_MAX_NAME + 1];
+};
+
+struct graph_entry {
+	struct proto_launch l;
+	struct proto_arg *args;
+	int64_t *vals;
+};
+
+struct graph {
+	uint32_t count;
+	struct graph_entry *e;
+};
+
+enum sess_state { S_HELLO, S_AUTH, S_READY };
+
+struct session {
+	const struct mr_server_ctx *ctx;
+	const struct backend *be;
+	struct be_session *bs;
+	int fd;
+	uint32_t id;
+	int slot;
+	enum sess_state state;
+	uint32_t maxmsg;
+	uint8_t snonce[PROTO_NONCE_SIZE];
+	struct htab bufs, progs, graphs;
+	uint32_t nhandles;
+	uint64_t mem;
+	int dirty;		/* work launched since the last sync */
+	time_t last_active;
+
+	uint8_t *in;
+	size_t incap, inlen, inoff;
+	uint8_t *out;
+	size_t outcap, outlen;
+	uint8_t *errq;
+	size_t errqcap, errqlen;
+	uint32_t nqueued, dropped, dropped_tag;
+
+	/* Scratch for resolving launches: grown to the largest graph. */
+	struct be_launch *launches;
+	struct be_buffer **lbufs;
+	uint64_t *loffs;
+	size_t launchcap, argcap;
+
+	char err[PROTO_ERRLEN];
+};
+
+static inline uint64_t
+min64(uint64_t a, uint64_t b)
+{
+	return a < b ? a : b;
+}
+
+/* session.c: the output buffer, the error queue and frame input */
+int sess_grow(uint8_t **p, size_t *cap, size_t need);
+int sess_flush(struct session *s);
+int sess_drain_errors(struct session *s);
+int sess_errorf(struct session *s, uint32_t tag, uint32_t code,
+    const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int sess_reply(struct session *s, union proto_msg *m, const void *data,
+    size_t len);
+int sess_fail_reply(struct session *s);
+int sess_fatal(struct session *s, uint32_t tag, uint32_t code,
+    const char *text);
+int sess_take(struct session *s, uint8_t *dst, uint64_t count);
+int sess_count_handle(struct session *s, uint32_t tag);
+
+/* handshake.c */
+int sess_hello(struct session *s, const union proto_msg *m);
+int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
+
+/* buffers.c */
+int sess_alloc(struct session *s, const struct proto_talloc *t);
+int sess_free(struct session *s, const struct proto_tfree *t);
+int sess_write(struct session *s, const struct proto_twrite *t);
+int sess_read(struct session *s, const struct proto_tread *t);
+int sess_copy(struct session *s, const struct proto_tcopy *t);
+void sess_release_buffer(void *v, void *arg);	/* htab_clear callback */
+
+/* programs.c */
+int sess_load(struct session *s, const struct proto_tload *t,
+    const uint8_t *body);
+int sess_unload(struct session *s, const struct proto_tunload *t);
+void sess_release_program(void *v, void *arg);	/* htab_clear callback */
+
+/* launch.c */
+int sess_launch(struct session *s, const union proto_msg *m,
+    const uint8_t *frame);
+int sess_graph(struct session *s, const struct proto_tgraph *t,
+    const uint8_t *frame);
+int sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
+    const uint8_t *frame);
+int sess_graphfree(struct session *s, const struct proto_tgraphfree *t);
+void sess_release_graph(void *v, void *arg);	/* htab_clear callback */
+
+#endif
