@@ -72,6 +72,7 @@ def _nbytes(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
 def _describe(d) -> str:
   """Request descriptions are kept as (format, args...) and formatted only when an error needs them."""
   return d if isinstance(d, str) else d[0].format(*d[1:])
+_TLOAD = "Tload prog={} ({})"
 
 # Tlaunch is the hot path: one precompiled struct for header + launch record, one per (nbufs, nvals) for the arguments
 _TLAUNCH = struct.Struct("<IHHIIIHH3I3I")
@@ -93,6 +94,7 @@ class Runner:
     self._sent: dict[int, str] = {}   # tag -> description, for requests not yet known to be done (in send order)
     self._skip: set[int] = set()      # tags whose reply or error nobody waits for any more
     self._names: dict[int, str] = {}  # prog -> kernel name, for error messages
+    self._failed: set[int] = set()    # programs whose Tload the runner rejected: nothing to unload
     try: self.sock = socket.create_connection(parse_addr(addr), timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
     try:
@@ -182,10 +184,14 @@ class Runner:
   def load(self, prog:int, kind:int, name:str, data, nbufs:int, nvals:int, corearg:int=P.NO_CORE, entry:int=0, arch:int=0):
     nm, data = name.encode(), memoryview(data).cast("B")
     self._names[prog] = name
-    self._send(P.TLOAD, f"Tload prog={prog} ({name})", 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
+    self._send(P.TLOAD, (_TLOAD, prog, name), 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
                corearg=corearg, entry=entry, crc=P.crc32(data), namelen=len(nm), datalen=len(data))
 
-  def unload(self, prog:int): self._send(P.TUNLOAD, f"Tunload prog={prog} ({self._names.pop(prog, '?')})", prog=prog)
+  def unload(self, prog:int):
+    """Release program prog. One whose Tload failed (the error was raised already) holds nothing on the runner: no request is sent."""
+    if prog in self._failed: self._failed.discard(prog)
+    else: self._send(P.TUNLOAD, f"Tunload prog={prog} ({self._names.get(prog, '?')})", prog=prog)
+    self._names.pop(prog, None)
 
   def launch(self, prog:int, bufs, vals, global_size=(1, 1, 1), local_size=(1, 1, 1), wait:bool=False) -> float|None:
     """Run kernel prog over bufs [(handle, offset)] and integer vals; with wait, block and return the device time in seconds."""
@@ -351,7 +357,8 @@ class Runner:
       while True:
         t, f, data = self._recv_frame(deadline, dests)
         if t == P.RERROR:
-          e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(self._sent.get(f["tag"], f"tag {f['tag']}")))
+          e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(d:=self._sent.get(f["tag"], f"tag {f['tag']}")))
+          if type(d) is tuple and d[0] is _TLOAD: self._failed.add(d[1])
           if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
             e.others = errors
             self.close()

@@ -79,13 +79,19 @@ class RemoteProgram(Program['RemoteDevice']):
     else:
       kind, (arch, data, entry) = PROG_CPU_IMAGE, cpu_image(obj.lib, obj.name)
       corearg = next((i for i, (nm, *_) in enumerate(obj.signature) if nm == "core_id"), NO_CORE)
-    self.prog = dev.load(kind, obj.name, data, self.nbufs, self.nvals, corearg, entry, arch)
+    self.key, self.prog = dev.load(kind, obj.name, data, self.nbufs, self.nvals, corearg, entry, arch)
 
   def __call__(self, *bufs, global_size:tuple[int,...]=(1,1,1), local_size:tuple[int,...]|None=(1,1,1), vals:tuple[int|None, ...]=(),
                wait=False, timeout:int|None=None) -> float|None:
     # bufs are (handle, offset, size) opaques, which launch() indexes directly; a None value is core_id, which the runner fills in
     return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, dims(global_size),
                                   dims(local_size or (1,1,1)), wait=wait)
+
+  # tinygrad drops Programs it no longer needs (BEAM candidates, time_call's uncached runtimes); the method cache and a RemoteGraph's
+  # runtimes hold the ones in use. The last RemoteProgram of a content key unloads its runner program.
+  @suppress_finalizing
+  def __del__(self):
+    if (key:=getattr(self, "key", None)) is not None: self.dev.release(key)   # no key: __init__ failed before loading
 
 class RemoteAllocator(LRUAllocator['RemoteDevice']):
   # opaque buffer: (handle, offset, size); an offset view shares its base's handle
@@ -97,7 +103,7 @@ class RemoteAllocator(LRUAllocator['RemoteDevice']):
     if size > (info:=self.dev.runner.info).maxbuf or self.used + size > info.memory:
       raise MemoryError(f"{self.dev.device}: {size} bytes would pass the runner's limit ({self.used} of {info.memory} bytes in use, "
                         f"largest buffer {info.maxbuf})")
-    self.dev.runner.alloc(h:=self.dev.runner.new_handle(), size)
+    self.dev.runner.alloc(h:=self.dev.new_handle(), size)
     self.used += size
     return (h, 0, size)
   @suppress_finalizing
@@ -117,7 +123,7 @@ class RemoteGraph(GraphRunner):
   """A TinyJit batch: sent once as a runner graph (on the first call, when every symbolic value is known); each call is one Tgraphrun
   carrying only patches: JIT input buffers, symbolic values and launch dims."""
   def __init__(self, linear:UOp, input_uops:tuple[UOp, ...]=()):
-    super().__init__(linear, input_uops)
+    super().__init__(linear, input_uops)   # self.runtimes keeps the graph's RemotePrograms, so their handles stay loaded while it lives
     self.dev, self.gid = cast(RemoteDevice, Device[self.calls[0][2][0].device]), None
     # kernel buffer index of each call argument (calls list all arguments, kernels take ast.arg.globals)
     self.bufidx = [{a: i for i, a in enumerate(ast.arg.globals)} for _, ast, _, _ in self.calls]
@@ -128,7 +134,7 @@ class RemoteGraph(GraphRunner):
       vals = [0 if v.expr in ast.arg.runtimevars else {**var_vals, **dvars}[v.expr] for v in ast.arg.vars]
       gs, ls = ast.arg.launch_dims({**var_vals, **dvars})
       records.append((cast(RemoteProgram, rt).prog, [bufs[a]._buf[:2] for a in ast.arg.globals], vals, dims(gs), dims(ls or (1,1,1))))
-    self.dev.runner.graph(gid:=self.dev.runner.new_handle(), records)
+    self.dev.runner.graph(gid:=self.dev.new_handle(), records)
     self.gid = gid
 
   def __call__(self, input_uops:tuple[UOp, ...], var_vals:dict[str, int], wait=False) -> float|None:
@@ -151,7 +157,9 @@ class RemoteDevice(Compiled):
     want, addrs = "metal" if self.is_metal else "cpu", [a.strip() for a in os.getenv("METAL_RUNNER", "").split(",") if a.strip()]
     if addrs and idx >= len(addrs): raise RuntimeError(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
     # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
-    self.runner, self.runner_closed, self.programs = Runner(addrs[idx] if addrs else start_local_runner(want)), False, {}
+    self.runner, self.runner_closed = Runner(addrs[idx] if addrs else start_local_runner(want)), False
+    self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]
+    self.unloads: list[int] = []                 # handles of programs no RemoteProgram uses any more, not yet unloaded
     # the renderer follows the runner: a mismatch is an error now, not a kernel the runner rejects later
     info, cap = self.runner.info, (CAP_METAL_SOURCE if METAL_SOURCE else CAP_METALLIB) if self.is_metal else CAP_CPU_IMAGE
     if info.backend != want or not info.caps & cap:
@@ -165,15 +173,35 @@ class RemoteDevice(Compiled):
     else: super().__init__(device, RemoteAllocator(self), [cstyle.ClangRenderer], RemoteProgram, RemoteGraph,
                            arch=clang_arch(info.arch, info.cpu, info.features))
 
-  def load(self, kind:int, name:str, data:bytes, nbufs:int, nvals:int, corearg:int, entry:int, arch:int) -> int:
-    """Loads a program once per content on this connection; returns its handle."""
+  def load(self, kind:int, name:str, data:bytes, nbufs:int, nvals:int, corearg:int, entry:int, arch:int) -> tuple[bytes, int]:
+    """Loads a program once per content on this connection; returns (content key, handle). Each call takes a reference that
+    release(key) gives back."""
     key = hashlib.sha256(repr((kind, name, nbufs, nvals, corearg, entry, arch)).encode() + data).digest()
-    if (prog:=self.programs.get(key)) is None:
-      self.runner.load(prog:=self.runner.new_handle(), kind, name, data, nbufs, nvals, corearg=corearg, entry=entry, arch=arch)
-      self.programs[key] = prog
-    return prog
+    if (ent:=self.programs.get(key)) is None:
+      self.runner.load(h:=self.new_handle(), kind, name, data, nbufs, nvals, corearg=corearg, entry=entry, arch=arch)
+      self.programs[key] = ent = [h, 0]
+    ent[1] += 1
+    return key, ent[0]
 
-  def synchronize(self): self.runner.sync()
+  def release(self, key:bytes):
+    """Drops a reference from load(); the last one queues the program's Tunload. It runs in __del__, maybe from the garbage collector
+    inside a Runner call that is writing a frame, so the Tunload is sent later, by new_handle() or synchronize()."""
+    if self.runner_closed or (ent:=self.programs.get(key)) is None: return
+    ent[1] -= 1
+    if ent[1] == 0:
+      del self.programs[key]
+      self.unloads.append(ent[0])
+
+  def new_handle(self) -> int:
+    """A handle for a buffer, program or graph. The runner counts all three against one limit: send the pending Tunloads first."""
+    self.send_unloads()
+    return self.runner.new_handle()
+  def send_unloads(self):
+    while self.unloads: self.runner.unload(self.unloads.pop())
+
+  def synchronize(self):
+    self.send_unloads()
+    self.runner.sync()
   def finalize(self):
     if not self.runner_closed: self.runner.close()
     self.runner_closed = True

@@ -1,7 +1,7 @@
 # tinygrad on a metal_runner (client/remote_metal.py), checked against tinygrad's own CPU device.
 # In-process tests share one CPU runner (tinygrad opens a device once per process); tests that need a fresh Device table, other
 # environment variables or a runner of their own run python in a subprocess.
-import json, os, re, select, signal, socket, subprocess, sys, threading, time
+import gc, json, os, re, select, signal, socket, subprocess, sys, threading, time
 import numpy as np
 import pytest
 from conftest import ROOT, run_python, runner
@@ -21,7 +21,7 @@ def remote(cpu_runner):
 
 class Spy:
   """Records the Runner calls a device makes (name, args, kwargs, result), passing them through."""
-  def __init__(self, monkeypatch, runner, names=("launch", "graph", "graph_run", "load", "read", "write", "sync")):
+  def __init__(self, monkeypatch, runner, names=("launch", "graph", "graph_run", "load", "unload", "read", "write", "sync")):
     self.calls = []
     for name in names:
       def wrap(*a, _f=getattr(runner, name), _n=name, **kw):
@@ -208,6 +208,88 @@ def test_debug2_shows_runner_time(remote, spy, capsys):
     name = Device[remote].runner._names[c[1][0]]
     line = next(ln for ln in out.splitlines() if ln.startswith("*** REMOTE") and f" {name} " in ln)
     assert f"tm {time_to_str(c[3], w=9)}/" in line, (line, c[3])
+
+# *** programs tinygrad drops are unloaded; the ones a JIT graph uses stay loaded
+
+@pytest.mark.cpu_only
+def test_freed_programs_are_unloaded_but_not_a_graphs(remote, spy):
+  from tinygrad import Device, Tensor, TinyJit
+  from tinygrad.engine.realize import runtime_cache, time_call
+  dev, x = Device[remote], Tensor(np.arange(64, dtype=np.float32).reshape(8, 8), device=remote).realize()
+  # time_call runs a kernel as BEAM times a candidate: a new uncached Program each run, dropped after it
+  timer = time_call((x * 1234.5 + 3).contiguous().schedule_linear().src[-1])
+  assert all(next(timer) > 0 for _ in range(3))
+  del timer
+  gc.collect()
+  dev.synchronize()   # sends the pending Tunloads
+  loaded, unloaded = [c[1][0] for c in spy.calls if c[0] == "load"], [c[1][0] for c in spy.calls if c[0] == "unload"]
+  assert len(loaded) == 3 and sorted(unloaded) == loaded and not set(loaded) & {h for h, _ in dev.programs.values()}, (loaded, unloaded)
+  # a TinyJit graph names its programs by handle: they stay loaded while it lives, though nothing else holds them
+  @TinyJit
+  def f(t:Tensor) -> Tensor: return ((t * 4321.5).contiguous().sum(axis=0) + t.max()).realize()
+  want = (np.arange(64, dtype=np.float32).reshape(8, 8) * 4321.5).sum(axis=0) + 63
+  for _ in range(3): np.testing.assert_allclose(f(x).numpy(), want, rtol=1e-6)
+  progs = {r[0] for c in spy.calls if c[0] == "graph" for r in c[1][1]}
+  assert len(progs) >= 2, progs
+  for k in [k for k, rt in runtime_cache.items() if getattr(rt, "prog", None) in progs]: del runtime_cache[k]  # only the graph holds them
+  gc.collect()
+  dev.synchronize()
+  assert not progs & {c[1][0] for c in spy.calls if c[0] == "unload"}
+  np.testing.assert_allclose(f(x).numpy(), want, rtol=1e-6)   # a graph run of an unloaded program would fail with EHANDLE
+  del f
+  gc.collect()
+  dev.synchronize()
+  assert progs <= {c[1][0] for c in spy.calls if c[0] == "unload"}, "the JIT is gone: its programs should be unloaded"
+
+@pytest.mark.cpu_only
+def test_beam_search_fits_in_few_runner_handles(daemon_bin):
+  """A BEAM search compiles and times dozens of candidates and drops them. They are unloaded, so it fits in a runner that allows a
+  session 16 handles (buffers, programs and graphs together); when every candidate stayed loaded the search hit ELIMIT."""
+  with runner("--max-handles", "16") as (addr, _):
+    r = run_python("""
+import json, numpy as np, client.remote_metal
+from tinygrad import Device, Tensor
+from tinygrad.helpers import Context
+runner, n = Device["REMOTE"].runner, {"load": 0, "unload": 0}
+for name in n:
+  def count(*a, _f=getattr(runner, name), _n=name, **kw):
+    n[_n] += 1
+    return _f(*a, **kw)
+  setattr(runner, name, count)
+a, b = np.random.default_rng(9).normal(size=(2, 64, 64)).astype(np.float32)
+with Context(BEAM=2, CACHELEVEL=0): out = (Tensor(a, device="REMOTE") @ Tensor(b, device="REMOTE")).numpy()
+Device["REMOTE"].synchronize()
+print(json.dumps({"err": float(np.abs(out - a @ b).max()), **n}))""", {"METAL_RUNNER": addr})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["err"] < 1e-3 and out["load"] > 16 and out["load"] - out["unload"] <= 2, out
+
+@pytest.mark.cpu_only
+def test_rejected_load_is_not_unloaded(daemon_bin):
+  """A program whose Tload failed holds no handle: dropping it sends no Tunload, whose EHANDLE would fail a later request."""
+  with runner("--max-handles", "2") as (addr, _):
+    r = run_python("""
+import gc, client.remote_metal
+from tinygrad import Device, Tensor
+from tinygrad.device import BufferSpec
+from tinygrad.engine.realize import compile_linear
+from tinygrad.uop.ops import Ops
+from client.connection import RunnerError
+dev, al = Device["REMOTE"], Device["REMOTE"].allocator
+prg = next(c.src[0] for c in compile_linear((Tensor.empty(4, device="REMOTE") * 3).contiguous().schedule_linear()).src
+           if c.src[0].op is Ops.PROGRAM)
+elf, (gs, ls), vals = prg.to_elf(), prg.arg.launch_dims({}), prg.arg.vals({})
+bufs = [al._alloc(16, BufferSpec()), al._alloc(16, BufferSpec())]   # the session's 2 handles: no room for the program
+p = dev.runtime(elf)
+try: p(*bufs, global_size=gs, local_size=ls, vals=vals, wait=True)
+except RunnerError as err: print("load failed", err.code_name, err.request)
+del p
+gc.collect()   # the exception's traceback holds p in a cycle
+al._free(bufs.pop(), BufferSpec())
+dev.synchronize()   # nothing to unload: a Tunload would fail with EHANDLE here
+print("ran", dev.runtime(elf)(*bufs, bufs[0], global_size=gs, local_size=ls, vals=vals, wait=True) > 0)""", {"METAL_RUNNER": addr})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "load failed ELIMIT Tload" in r.stdout and "ran True" in r.stdout, r.stdout
 
 # *** devices, several runners, the local runner, failures (fresh processes)
 
