@@ -73,8 +73,22 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
 - (nullable id <MTLFunction>)newFunctionWithName:(NSString *)functionName;
 @end
 
+/* typedef NS_ENUM(NSUInteger, MTLLanguageVersion); each value is
+ * (major << 16) + minor in the SDK's MTLLibrary.h. Only the versions
+ * runner.m names: tinygrad's MetalCompiler pins the same ones.
+ * https://developer.apple.com/documentation/metal/mtllanguageversion */
+typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
+	MTLLanguageVersion2_0 = (2 << 16),
+	MTLLanguageVersion3_0 = (3 << 16) + 0,
+	MTLLanguageVersion3_1 = (3 << 16) + 1
+};
+
 /* https://developer.apple.com/documentation/metal/mtlcompileoptions */
 @interface MTLCompileOptions : NSObject
+/* @property(readwrite, nonatomic) MTLLanguageVersion languageVersion;
+ * "The default is the most recent language version available."
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/languageversion */
+@property (readwrite, nonatomic) MTLLanguageVersion languageVersion;
 /* @property(readwrite, nonatomic) BOOL fastMathEnabled;
  * Deprecated in macOS 15 in favour of mathMode (which macOS 14 SDKs lack);
  * declared deprecated here so the type check proves runner.m's use of it

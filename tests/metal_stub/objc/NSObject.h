@@ -16,8 +16,12 @@
 - (oneway void)release OBJC_ARC_UNAVAILABLE;
 @end
 
+/* Class isa: the first instance variable, as <objc/NSObject.h> declares it;
+ * subclasses' instance variables are laid out after it. */
 __attribute__((objc_root_class))
-@interface NSObject <NSObject>
+@interface NSObject <NSObject> {
+	Class isa;
+}
 /* + (instancetype)alloc;
  * https://developer.apple.com/documentation/objectivec/nsobject-swift.class/alloc */
 + (instancetype)alloc;

@@ -1,0 +1,76 @@
+/*
+ * emu.h: internals shared by the files of the Metal emulator.
+ *
+ * TEST HARNESS ONLY. The emulator implements, on Linux and on the CPU, the
+ * Foundation, dispatch and Metal declarations in tests/metal_stub (which
+ * are written from Apple's documented signatures) so that daemon/runner.m,
+ * unchanged, can run here. It is never part of the product: see README.md
+ * for what it proves and what only a real Mac can.
+ */
+#ifndef METAL_EMU_H
+#define METAL_EMU_H
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+#include <dispatch/dispatch.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "library.h"
+
+/* The GNU Objective-C runtime (libobjc, gcc's), declared here because its
+ * <objc/objc.h> would collide with the stub's. */
+size_t class_getInstanceSize(Class cls);
+Class object_setClass(id obj, Class cls);
+const char *class_getName(Class cls);
+Class objc_getClass(const char *name);
+#define Nil ((Class)0)
+static inline Class
+emu_class(id obj)
+{
+	return ((struct objc_object *)obj)->isa;
+}
+
+/* foundation.m */
+void emu_count(Class cls, int delta);
+/* "Class n, Class n" of every class with live objects, "" when none. */
+void emu_live_objects(char *buf, size_t len);
+void emu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+NSString *emu_string(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));	/* autoreleased */
+NSError *emu_error(long code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));	/* autoreleased */
+id emu_autorelease(id obj);
+
+@interface NSObject (Emu)
++ (instancetype)allocPlain;	/* NSObject's own alloc, for class clusters */
+- (void)dealloc;
+- (id)autorelease;
+@end
+
+/* device.m */
+#define EMU_ARG_TABLE 31	/* buffer argument table entries */
+
+@interface EmuBuffer : NSObject <MTLBuffer> {
+@public
+	void *map;		/* the whole mapping, guard pages included */
+	size_t maplen;
+	uint8_t *bytes;		/* contents: ends at the trailing guard page */
+	NSUInteger length;
+}
+@end
+
+@interface EmuPipeline : NSObject <MTLComputePipelineState> {
+@public
+	id lib;			/* EmuLibrary, retained */
+	const struct metal_emu_kernel *k;
+	int threaded;
+}
+@end
+
+id <MTLCommandQueue> emu_queue_new(id <MTLDevice> dev);	/* retained */
+
+#endif

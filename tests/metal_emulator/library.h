@@ -1,0 +1,27 @@
+/*
+ * library.h: Metal Shading Language source to a loaded kernel library
+ * (library.c), in plain C. TEST HARNESS ONLY (see README.md).
+ */
+#ifndef METAL_EMU_LIBRARY_H
+#define METAL_EMU_LIBRARY_H
+
+#include <stddef.h>
+
+#include "exec.h"
+
+struct emu_lib;
+
+/* Compile MSL source at language version (200, 300, 310, ..., the value
+ * of __METAL_VERSION__), with fast math or not. NULL with *err set (malloc'd) on failure; for a
+ * compile error, *err is the compiler's whole output. */
+struct emu_lib *emu_lib_compile(const char *src, size_t len, unsigned version,
+    int fastmath, char **err);
+/* The kernel named name, or NULL. Valid while l is. */
+const struct metal_emu_kernel *emu_lib_kernel(struct emu_lib *l,
+    const char *name);
+/* Nonzero if the library's kernels synchronize threads (barriers,
+ * simdgroup functions) and so need one OS thread per GPU thread. */
+int emu_lib_threaded(const struct emu_lib *l);
+void emu_lib_free(struct emu_lib *l);
+
+#endif

@@ -1,0 +1,663 @@
+/*
+ * queue.m: command queues, command buffers and encoders, with the checks
+ * of Apple's Metal API Validation layer (MTL_DEBUG_LAYER=1) that matter
+ * for compute. TEST HARNESS ONLY (see README.md).
+ *
+ * Each queue has a thread that runs its committed command buffers in the
+ * order they were committed, asynchronously to the committing thread, as
+ * a GPU does; status, error, GPUStartTime/GPUEndTime and
+ * waitUntilCompleted follow Metal's documented semantics, and a queue
+ * allows 64 uncompleted command buffers (commandBuffer blocks past that).
+ *
+ * A misuse the validation layer reports (a binding missing or of the wrong
+ * size, an offset outside its buffer, a threadgroup too large, a blit
+ * offset not a multiple of 4 on macOS, encoding into a committed buffer)
+ * is kept and fails the command buffer with the layer's message when it
+ * runs; the real layer stops the process instead, which would end every
+ * session of a runner, so failing the one command buffer keeps a test
+ * informative. Nothing is repaired: the work is not run.
+ */
+#import "emu.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EMU_MAX_UNCOMPLETED 64	/* newCommandQueue: 64 uncompleted buffers */
+
+enum { CMD_DISPATCH = 1, CMD_COPY };
+
+struct emu_cmd {
+	int type;
+	/* CMD_DISPATCH */
+	EmuPipeline *pipe;			/* retained */
+	EmuBuffer *bufs[EMU_ARG_TABLE];		/* retained */
+	void *bytes[EMU_ARG_TABLE];		/* setBytes copies */
+	struct emu_dispatch d;
+	/* CMD_COPY */
+	EmuBuffer *src, *dst;			/* retained */
+	size_t srcoff, dstoff, size;
+};
+
+@class EmuCommandBuffer;
+
+@interface EmuQueue : NSObject <MTLCommandQueue> {
+@public
+	pthread_mutex_t mu;
+	pthread_cond_t cv;		/* broadcast on every change */
+	pthread_t thread;
+	int running;			/* thread started */
+	int stop;
+	EmuCommandBuffer *head, *tail;	/* committed, not yet run: retained */
+	unsigned uncompleted;
+	id dev;				/* retained */
+}
+@end
+
+@interface EmuCommandBuffer : NSObject <MTLCommandBuffer> {
+@public
+	EmuQueue *queue;		/* retained */
+	EmuCommandBuffer *next;
+	_Atomic MTLCommandBufferStatus status;
+	NSError *err;			/* retained */
+	double t0, t1;
+	struct emu_cmd *cmds;
+	size_t ncmds, capcmds;
+	id encoder;			/* the active encoder, not retained */
+	char invalid[512];		/* the first validation failure */
+}
+- (void)invalid:(const char *)fmt, ... __attribute__((format(printf, 1, 2)));
+- (struct emu_cmd *)newCommand;
+@end
+
+@interface EmuComputeEncoder : NSObject <MTLComputeCommandEncoder> {
+@public
+	EmuCommandBuffer *cb;		/* retained */
+	EmuPipeline *pipe;		/* retained */
+	EmuBuffer *bufs[EMU_ARG_TABLE];	/* retained */
+	NSUInteger offsets[EMU_ARG_TABLE];
+	void *bytes[EMU_ARG_TABLE];	/* owned copies */
+	NSUInteger lens[EMU_ARG_TABLE];
+	int ended;
+}
+@end
+
+@interface EmuBlitEncoder : NSObject <MTLBlitCommandEncoder> {
+@public
+	EmuCommandBuffer *cb;		/* retained */
+	int ended;
+}
+@end
+
+static double
+now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void
+cmd_release(struct emu_cmd *c)
+{
+	int i;
+
+	[c->pipe release];
+	for (i = 0; i < EMU_ARG_TABLE; i++) {
+		[c->bufs[i] release];
+		free(c->bytes[i]);
+	}
+	[c->src release];
+	[c->dst release];
+	memset(c, 0, sizeof(*c));
+}
+
+/* ---- command buffers ---- */
+
+@implementation EmuCommandBuffer
+
+- (void)invalid:(const char *)fmt, ...
+{
+	char msg[sizeof(invalid) - 64];
+	va_list ap;
+
+	if (invalid[0] != '\0')
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	snprintf(invalid, sizeof(invalid), "Metal API Validation "
+	    "(emulated): %s", msg);
+	emu_log("%s", invalid);
+}
+
+- (struct emu_cmd *)newCommand
+{
+	struct emu_cmd *more;
+
+	if (ncmds == capcmds) {
+		capcmds = capcmds ? capcmds * 2 : 8;
+		if ((more = realloc(cmds, capcmds * sizeof(*cmds))) == NULL)
+			abort();
+		cmds = more;
+	}
+	memset(&cmds[ncmds], 0, sizeof(cmds[ncmds]));
+	return &cmds[ncmds++];
+}
+
+- (CFTimeInterval)GPUStartTime
+{
+	return atomic_load(&status) >= MTLCommandBufferStatusCompleted ? t0 : 0;
+}
+
+- (CFTimeInterval)GPUEndTime
+{
+	return atomic_load(&status) >= MTLCommandBufferStatusCompleted ? t1 : 0;
+}
+
+- (MTLCommandBufferStatus)status
+{
+	return atomic_load(&status);
+}
+
+- (nullable NSError *)error
+{
+	if (atomic_load(&status) != MTLCommandBufferStatusError)
+		return nil;
+	return [[err retain] autorelease];
+}
+
+- (void)commit
+{
+	EmuQueue *q = queue;
+
+	if (atomic_load(&status) != MTLCommandBufferStatusNotEnqueued) {
+		/* Metal asserts here, validation layer or not. */
+		emu_log("-[MTLCommandBuffer commit]: commit an already "
+		    "committed command buffer");
+		abort();
+	}
+	if (encoder != nil)
+		[self invalid:"command buffer committed with an encoder that "
+		    "has not called endEncoding"];
+	[self retain];		/* the queue's reference until it has run */
+	pthread_mutex_lock(&q->mu);
+	atomic_store(&status, MTLCommandBufferStatusCommitted);
+	if (q->tail != nil)
+		q->tail->next = self;
+	else
+		q->head = self;
+	q->tail = self;
+	pthread_cond_broadcast(&q->cv);
+	pthread_mutex_unlock(&q->mu);
+}
+
+- (void)waitUntilCompleted
+{
+	EmuQueue *q = queue;
+
+	if (atomic_load(&status) == MTLCommandBufferStatusNotEnqueued) {
+		/* On a Mac this waits forever. */
+		emu_log("-[MTLCommandBuffer waitUntilCompleted] on a command "
+		    "buffer that was never committed: it would never return");
+		abort();
+	}
+	pthread_mutex_lock(&q->mu);
+	while (atomic_load(&status) < MTLCommandBufferStatusCompleted)
+		pthread_cond_wait(&q->cv, &q->mu);
+	pthread_mutex_unlock(&q->mu);
+}
+
+- (nullable id <MTLComputeCommandEncoder>)computeCommandEncoder
+{
+	EmuComputeEncoder *e;
+
+	if (atomic_load(&status) != MTLCommandBufferStatusNotEnqueued)
+		[self invalid:"computeCommandEncoder on a committed command "
+		    "buffer"];
+	if (encoder != nil)
+		[self invalid:"computeCommandEncoder while another encoder is "
+		    "active: call endEncoding first"];
+	e = (EmuComputeEncoder *)[EmuComputeEncoder alloc];
+	e->cb = [self retain];
+	encoder = e;
+	return [e autorelease];
+}
+
+- (nullable id <MTLBlitCommandEncoder>)blitCommandEncoder
+{
+	EmuBlitEncoder *e;
+
+	if (atomic_load(&status) != MTLCommandBufferStatusNotEnqueued)
+		[self invalid:"blitCommandEncoder on a committed command "
+		    "buffer"];
+	if (encoder != nil)
+		[self invalid:"blitCommandEncoder while another encoder is "
+		    "active: call endEncoding first"];
+	e = (EmuBlitEncoder *)[EmuBlitEncoder alloc];
+	e->cb = [self retain];
+	encoder = e;
+	return [e autorelease];
+}
+
+- (void)dealloc
+{
+	size_t i;
+
+	if (atomic_load(&status) == MTLCommandBufferStatusNotEnqueued) {
+		/* Never committed: it no longer counts against the queue. */
+		pthread_mutex_lock(&queue->mu);
+		queue->uncompleted--;
+		pthread_cond_broadcast(&queue->cv);
+		pthread_mutex_unlock(&queue->mu);
+	}
+	for (i = 0; i < ncmds; i++)
+		cmd_release(&cmds[i]);
+	free(cmds);
+	[err release];
+	[queue release];
+	[super dealloc];
+}
+
+@end
+
+/* ---- the compute encoder ---- */
+
+static int
+arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
+{
+	if (index < EMU_ARG_TABLE)
+		return 1;
+	[cb invalid:"%s atIndex:%lu: the argument table has %d entries", what,
+	    (unsigned long)index, EMU_ARG_TABLE];
+	return 0;
+}
+
+@implementation EmuComputeEncoder
+
+- (void)clearIndex:(NSUInteger)i
+{
+	[bufs[i] release];
+	bufs[i] = nil;
+	free(bytes[i]);
+	bytes[i] = NULL;
+	offsets[i] = lens[i] = 0;
+}
+
+- (void)setComputePipelineState:(id <MTLComputePipelineState>)state
+{
+	[(id)state retain];
+	[pipe release];
+	pipe = (EmuPipeline *)state;
+}
+
+- (void)setBuffer:(nullable id <MTLBuffer>)buffer offset:(NSUInteger)offset
+    atIndex:(NSUInteger)index
+{
+	if (!arg_index_ok(cb, index, "setBuffer:offset:"))
+		return;
+	[self clearIndex:index];
+	bufs[index] = [(id)buffer retain];
+	offsets[index] = offset;
+}
+
+- (void)setBytes:(const void *)data length:(NSUInteger)length
+    atIndex:(NSUInteger)index
+{
+	if (!arg_index_ok(cb, index, "setBytes:length:"))
+		return;
+	[self clearIndex:index];
+	/* "Use this method for single-use data smaller than 4 KB." */
+	if (length > 4096)
+		[cb invalid:"setBytes:length:%lu atIndex:%lu: more than 4 KB",
+		    (unsigned long)length, (unsigned long)index];
+	if ((bytes[index] = malloc(length ? length : 1)) == NULL)
+		abort();
+	memcpy(bytes[index], data, length);
+	lens[index] = length;
+}
+
+/* Everything the validation layer checks at a dispatch; 0 if valid. */
+- (int)validate:(MTLSize)grid tg:(MTLSize)tg
+{
+	const struct metal_emu_kernel *k = pipe->k;
+	const struct metal_emu_param *p;
+	NSUInteger blen;
+	unsigned i;
+
+	if (tg.width * tg.height * tg.depth > EMU_MAX_THREADS) {
+		[cb invalid:"dispatchThreadgroups: threadsPerThreadgroup "
+		    "%lux%lux%lu is %lu threads, more than the pipeline's "
+		    "maxTotalThreadsPerThreadgroup (%d)",
+		    (unsigned long)tg.width, (unsigned long)tg.height,
+		    (unsigned long)tg.depth,
+		    (unsigned long)(tg.width * tg.height * tg.depth),
+		    EMU_MAX_THREADS];
+		return -1;
+	}
+	if (tg.width == 0 || tg.height == 0 || tg.depth == 0 ||
+	    grid.width == 0 || grid.height == 0 || grid.depth == 0 ||
+	    grid.width > UINT32_MAX || grid.height > UINT32_MAX ||
+	    grid.depth > UINT32_MAX) {
+		[cb invalid:"dispatchThreadgroups: %lux%lux%lu threadgroups "
+		    "of %lux%lux%lu threads: a dimension is 0 or too large",
+		    (unsigned long)grid.width, (unsigned long)grid.height,
+		    (unsigned long)grid.depth, (unsigned long)tg.width,
+		    (unsigned long)tg.height, (unsigned long)tg.depth];
+		return -1;
+	}
+	for (i = 0; i < k->nparams; i++) {
+		p = &k->params[i];
+		if (p->kind == METAL_EMU_PARAM_BUILTIN)
+			continue;
+		if (bufs[p->index] == nil && bytes[p->index] == NULL) {
+			[cb invalid:"Compute Function(%s): missing buffer "
+			    "binding at index %d for parameter %u", k->name,
+			    p->index, i];
+			return -1;
+		}
+		if (bufs[p->index] != nil) {
+			blen = bufs[p->index]->length;
+			if (offsets[p->index] >= blen) {
+				[cb invalid:"Compute Function(%s): buffer at "
+				    "index %d: offset(%lu) must be < [buffer "
+				    "length](%lu)", k->name, p->index,
+				    (unsigned long)offsets[p->index],
+				    (unsigned long)blen];
+				return -1;
+			}
+			if (p->kind == METAL_EMU_PARAM_REFERENCE &&
+			    blen - offsets[p->index] < p->size) {
+				[cb invalid:"Compute Function(%s): argument at "
+				    "index %d from a buffer with %lu bytes "
+				    "after its offset, but the argument has "
+				    "a length(%zu)", k->name, p->index,
+				    (unsigned long)(blen - offsets[p->index]),
+				    p->size];
+				return -1;
+			}
+		} else if (p->kind == METAL_EMU_PARAM_REFERENCE &&
+		    lens[p->index] != p->size) {
+			[cb invalid:"Compute Function(%s): setBytes at index "
+			    "%d has length(%lu), but the kernel declares that "
+			    "argument with a length(%zu)", k->name, p->index,
+			    (unsigned long)lens[p->index], p->size];
+			return -1;
+		}
+	}
+	return 0;
+}
+
+- (void)dispatchThreadgroups:(MTLSize)grid
+    threadsPerThreadgroup:(MTLSize)tg
+{
+	struct emu_cmd *c;
+	int i;
+
+	if (ended) {
+		[cb invalid:"dispatchThreadgroups after endEncoding"];
+		return;
+	}
+	if (pipe == nil) {
+		[cb invalid:"dispatchThreadgroups with no compute pipeline "
+		    "state set"];
+		return;
+	}
+	if ([self validate:grid tg:tg] == -1)
+		return;
+	c = [cb newCommand];
+	c->type = CMD_DISPATCH;
+	c->pipe = [pipe retain];
+	c->d.k = pipe->k;
+	c->d.threaded = pipe->threaded;
+	c->d.grid[0] = (uint32_t)grid.width;
+	c->d.grid[1] = (uint32_t)grid.height;
+	c->d.grid[2] = (uint32_t)grid.depth;
+	c->d.tg[0] = (uint32_t)tg.width;
+	c->d.tg[1] = (uint32_t)tg.height;
+	c->d.tg[2] = (uint32_t)tg.depth;
+	/* The bindings as they are now: later set... calls do not change
+	 * what this dispatch sees. */
+	for (i = 0; i < EMU_ARG_TABLE; i++) {
+		if (bufs[i] != nil) {
+			c->bufs[i] = [bufs[i] retain];
+			c->d.args[i].ptr = bufs[i]->bytes + offsets[i];
+			c->d.args[i].len = bufs[i]->length - offsets[i];
+			c->d.args[i].bound = 1;
+		} else if (bytes[i] != NULL) {
+			if ((c->bytes[i] = malloc(lens[i] ? lens[i] : 1)) ==
+			    NULL)
+				abort();
+			memcpy(c->bytes[i], bytes[i], lens[i]);
+			c->d.args[i].ptr = c->bytes[i];
+			c->d.args[i].len = lens[i];
+			c->d.args[i].bound = 1;
+		}
+	}
+}
+
+- (void)endEncoding
+{
+	if (ended)
+		[cb invalid:"endEncoding called twice"];
+	ended = 1;
+	if (cb->encoder == self)
+		cb->encoder = nil;
+}
+
+- (void)dealloc
+{
+	NSUInteger i;
+
+	if (!ended) {
+		[cb invalid:"compute command encoder released without "
+		    "endEncoding"];
+		if (cb->encoder == self)
+			cb->encoder = nil;
+	}
+	for (i = 0; i < EMU_ARG_TABLE; i++)
+		[self clearIndex:i];
+	[pipe release];
+	[cb release];
+	[super dealloc];
+}
+
+@end
+
+/* ---- the blit encoder ---- */
+
+@implementation EmuBlitEncoder
+
+- (void)copyFromBuffer:(id <MTLBuffer>)src sourceOffset:(NSUInteger)srcoff
+    toBuffer:(id <MTLBuffer>)dst destinationOffset:(NSUInteger)dstoff
+    size:(NSUInteger)size
+{
+	EmuBuffer *s = (EmuBuffer *)src, *d = (EmuBuffer *)dst;
+	struct emu_cmd *c;
+
+	if (ended) {
+		[cb invalid:"copyFromBuffer after endEncoding"];
+		return;
+	}
+	/* "In macOS, sourceOffset needs to be a multiple of 4" (and so do
+	 * destinationOffset and size). */
+	if ((srcoff | dstoff | size) % 4 != 0) {
+		[cb invalid:"copyFromBuffer: sourceOffset(%lu), "
+		    "destinationOffset(%lu) and size(%lu) must be multiples "
+		    "of 4 on macOS", (unsigned long)srcoff,
+		    (unsigned long)dstoff, (unsigned long)size];
+		return;
+	}
+	if (srcoff > s->length || size > s->length - srcoff ||
+	    dstoff > d->length || size > d->length - dstoff) {
+		[cb invalid:"copyFromBuffer: %lu bytes from offset %lu of a "
+		    "%lu-byte buffer to offset %lu of a %lu-byte buffer is out "
+		    "of bounds", (unsigned long)size, (unsigned long)srcoff,
+		    (unsigned long)s->length, (unsigned long)dstoff,
+		    (unsigned long)d->length];
+		return;
+	}
+	if (s == d && srcoff < dstoff + size && dstoff < srcoff + size) {
+		[cb invalid:"copyFromBuffer: source and destination ranges "
+		    "overlap in one buffer"];
+		return;
+	}
+	c = [cb newCommand];
+	c->type = CMD_COPY;
+	c->src = [s retain];
+	c->dst = [d retain];
+	c->srcoff = srcoff;
+	c->dstoff = dstoff;
+	c->size = size;
+}
+
+- (void)endEncoding
+{
+	if (ended)
+		[cb invalid:"endEncoding called twice"];
+	ended = 1;
+	if (cb->encoder == self)
+		cb->encoder = nil;
+}
+
+- (void)dealloc
+{
+	if (!ended) {
+		[cb invalid:"blit command encoder released without "
+		    "endEncoding"];
+		if (cb->encoder == self)
+			cb->encoder = nil;
+	}
+	[cb release];
+	[super dealloc];
+}
+
+@end
+
+/* ---- the queue and its thread ---- */
+
+/* Run one command buffer: what the GPU does. */
+static void
+run(EmuCommandBuffer *cb)
+{
+	char err[1024] = "";
+	struct emu_cmd *c;
+	size_t i;
+
+	cb->t0 = now();
+	if (cb->invalid[0] != '\0')
+		snprintf(err, sizeof(err), "%s", cb->invalid);
+	for (i = 0; err[0] == '\0' && i < cb->ncmds; i++) {
+		c = &cb->cmds[i];
+		if (c->type == CMD_DISPATCH)
+			emu_exec(&c->d, err, sizeof(err));
+		else
+			memmove(c->dst->bytes + c->dstoff,
+			    c->src->bytes + c->srcoff, c->size);
+	}
+	cb->t1 = now();
+	if (err[0] != '\0')
+		cb->err = [emu_error(1, "%s", err) retain];
+	/* Done with the resources: they were kept alive until now. */
+	for (i = 0; i < cb->ncmds; i++)
+		cmd_release(&cb->cmds[i]);
+	cb->ncmds = 0;
+}
+
+static void *
+queue_thread(void *arg)
+{
+	EmuQueue *q = arg;
+	EmuCommandBuffer *cb;
+
+	emu_exec_thread_init();
+	pthread_mutex_lock(&q->mu);
+	for (;;) {
+		while (q->head == nil && !q->stop)
+			pthread_cond_wait(&q->cv, &q->mu);
+		if (q->head == nil)
+			break;
+		cb = q->head;
+		if ((q->head = cb->next) == nil)
+			q->tail = nil;
+		cb->next = nil;
+		atomic_store(&cb->status, MTLCommandBufferStatusScheduled);
+		pthread_mutex_unlock(&q->mu);
+		@autoreleasepool {
+			run(cb);
+		}
+		pthread_mutex_lock(&q->mu);
+		atomic_store(&cb->status, cb->err != nil ?
+		    MTLCommandBufferStatusError :
+		    MTLCommandBufferStatusCompleted);
+		q->uncompleted--;
+		pthread_cond_broadcast(&q->cv);
+		pthread_mutex_unlock(&q->mu);
+		[cb release];	/* the reference commit took */
+		pthread_mutex_lock(&q->mu);
+	}
+	pthread_mutex_unlock(&q->mu);
+	return NULL;
+}
+
+@implementation EmuQueue
+
+- (nullable id <MTLCommandBuffer>)commandBuffer
+{
+	EmuCommandBuffer *cb;
+
+	/* Block while 64 are uncompleted, as Metal does. */
+	pthread_mutex_lock(&mu);
+	while (uncompleted >= EMU_MAX_UNCOMPLETED)
+		pthread_cond_wait(&cv, &mu);
+	uncompleted++;
+	pthread_mutex_unlock(&mu);
+	cb = (EmuCommandBuffer *)[EmuCommandBuffer alloc];
+	cb->queue = [self retain];
+	atomic_init(&cb->status, MTLCommandBufferStatusNotEnqueued);
+	return [cb autorelease];
+}
+
+- (void)dealloc
+{
+	char live[1024];
+
+	pthread_mutex_lock(&mu);
+	stop = 1;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+	if (running)
+		pthread_join(thread, NULL);
+	pthread_mutex_destroy(&mu);
+	pthread_cond_destroy(&cv);
+	[dev release];
+	[super dealloc];
+	/* A runner session ends by releasing its queue, last: what is left
+	 * then is shared (the device, cached pipelines) or leaked. */
+	if (getenv("METAL_EMU_LIVE") != NULL) {
+		emu_live_objects(live, sizeof(live));
+		emu_log("command queue released; live objects: %s",
+		    live[0] ? live : "none");
+	}
+}
+
+@end
+
+id <MTLCommandQueue>
+emu_queue_new(id <MTLDevice> dev)
+{
+	EmuQueue *q = (EmuQueue *)[EmuQueue alloc];
+
+	pthread_mutex_init(&q->mu, NULL);
+	pthread_cond_init(&q->cv, NULL);
+	q->dev = [(id)dev retain];
+	if (pthread_create(&q->thread, NULL, queue_thread, q) != 0) {
+		[q release];
+		return nil;
+	}
+	q->running = 1;
+	return q;
+}
