@@ -2,13 +2,14 @@
  * exec.c: running one dispatch of a compute kernel on the CPU.
  * TEST HARNESS ONLY (see README.md).
  *
- * Threadgroups run one after another. A kernel that never synchronizes
- * (no threadgroup_barrier, no simdgroup function) runs its threads one
- * after another on the calling thread: nothing can tell the difference.
- * One that does runs each thread of a threadgroup on its own OS thread of
- * a pool, so barriers and simdgroup exchanges block and wake as on a GPU.
- * Threads that return early stop counting towards barriers, so a kernel
- * whose threads leave before a barrier does not hang the emulator.
+ * Threadgroups run one after another, on the thread of the queue that
+ * committed the work. A kernel that never synchronizes (no
+ * threadgroup_barrier, no simdgroup function) runs its threads one after
+ * another: nothing can tell the difference. One that does runs each thread
+ * of a threadgroup as a fiber with its own stack, so barriers and
+ * simdgroup exchanges wait for the others as on a GPU (see "fibers"
+ * below). Threads that return early stop counting towards barriers, so a
+ * kernel whose threads leave before a barrier does not hang the emulator.
  *
  * Dispatches of all queues are serialized by one lock: a threadgroup's
  * `threadgroup` memory is a function-local static of the kernel library
@@ -24,6 +25,8 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+/* Fibers switch stacks with _longjmp, which fortified glibc refuses. */
+#undef _FORTIFY_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -31,12 +34,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <ucontext.h>
 
 #include "exec.h"
 
 #define EMU_MAX_THREADS 1024
 #define SIMD_MAX_BYTES 256	/* per lane per simd_exchange */
-#define POOL_STACK (512 * 1024)
+#define FIBER_STACK (256 * 1024)
 #define ALT_STACK (64 * 1024)
 
 /* The GPU thread running on this OS thread. */
@@ -51,28 +56,6 @@ struct gthread {
 
 static __thread struct gthread *cur;
 static pthread_mutex_t exec_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* The pool's view of the threadgroup being run (under team.mu). */
-static struct {
-	pthread_mutex_t mu;
-	pthread_cond_t go, done, bar;
-	unsigned nworkers;
-	unsigned gen;		/* bumped for each threadgroup */
-	unsigned active;	/* threads in this threadgroup */
-	unsigned finished;	/* returned (or faulted) */
-	unsigned arrived;	/* waiting at the current barrier */
-	unsigned bargen;
-	int aborted;
-	char fault[256];
-	const struct emu_dispatch *d;
-	void *const *ptrs;	/* the argument table as the thunk takes it */
-	uint32_t group[3];
-	uint8_t *scratch;	/* simd_exchange: SIMD_MAX_BYTES per thread */
-} team = {
-	PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-	PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-	0, 0, 0, 0, 0, 0, 0, "", NULL, NULL, { 0, 0, 0 }, NULL
-};
 
 static void
 set_ids(struct gthread *t, const struct emu_dispatch *d,
@@ -175,130 +158,99 @@ emu_exec_init(void)
 	pthread_once(&once, install_handlers);
 }
 
-/* ---- the pool: one OS thread per GPU thread of a threadgroup ---- */
+/* ---- fibers: one context per GPU thread of a threadgroup ---- */
+
+/*
+ * Each GPU thread of a threadgroup that synchronizes gets its own stack
+ * and registers (a ucontext fiber), and the scheduler, on the queue's OS
+ * thread, resumes them in turn: a fiber runs until it reaches a barrier or
+ * returns, so after one pass every live fiber waits at the same barrier,
+ * and the next pass takes them all past it. Fibers rather than one OS
+ * thread per GPU thread: the semantics are the same (a barrier returns
+ * only when every thread still running has reached it), but a barrier
+ * costs a context switch per thread instead of waking as many OS threads
+ * on two cores; with OS threads a TinyJit MLP step took seconds.
+ */
+
+struct fiber {
+	struct gthread t;
+	ucontext_t ctx;		/* to start it */
+	jmp_buf sw;		/* to resume it at a barrier */
+	void *stack;
+	int started, done;
+};
+
+static struct {
+	struct fiber *f;	/* EMU_MAX_THREADS of them, made once */
+	unsigned n;		/* fibers in the running threadgroup */
+	ucontext_t sched_uc;	/* what starting a fiber leaves behind */
+	jmp_buf sched;		/* the scheduler, between fibers */
+	const struct emu_dispatch *d;
+	void *const *ptrs;
+	uint32_t group[3];
+	int aborted;
+	char fault[256];
+	uint8_t *scratch;	/* simd_exchange: SIMD_MAX_BYTES per thread */
+} team;
 
 static void
-team_abort(const char *why)
+fiber_main(unsigned i)
 {
-	if (!team.aborted) {
-		team.aborted = 1;
-		snprintf(team.fault, sizeof(team.fault), "%s", why);
-	}
-	pthread_cond_broadcast(&team.bar);
-}
-
-/* A thread left the kernel: a barrier the others wait at may now be
- * complete without it. Under team.mu. */
-static void
-team_finish(void)
-{
-	team.finished++;
-	if (team.arrived > 0 && team.arrived + team.finished == team.active) {
-		team.arrived = 0;
-		team.bargen++;
-		pthread_cond_broadcast(&team.bar);
-	}
-	if (team.finished == team.active)
-		pthread_cond_signal(&team.done);
-}
-
-static void
-run_pooled(unsigned i)
-{
+	struct fiber *f = &team.f[i];
 	const struct emu_dispatch *d = team.d;
-	struct gthread *t = cur;
-	uint32_t lx, ly, lz;
 	char err[256];
 
-	lx = i % d->tg[0];
-	ly = i / d->tg[0] % d->tg[1];
-	lz = i / (d->tg[0] * d->tg[1]);
-	set_ids(t, d, team.group, lx, ly, lz);
-	if (sigsetjmp(t->jb, 1) == 0) {
-		t->in_kernel = 1;
-		d->k->thunk(team.ptrs, &t->ids);
-		t->in_kernel = 0;
-	} else if (t->fault_sig != 0) {
-		describe_fault(err, sizeof(err), d, t);
-		pthread_mutex_lock(&team.mu);
-		team_abort(err);
-		pthread_mutex_unlock(&team.mu);
+	if (sigsetjmp(f->t.jb, 1) == 0) {
+		f->t.in_kernel = 1;
+		d->k->thunk(team.ptrs, &f->t.ids);
+		f->t.in_kernel = 0;
+	} else if (f->t.fault_sig != 0 && !team.aborted) {
+		describe_fault(err, sizeof(err), d, &f->t);
+		team.aborted = 1;
+		snprintf(team.fault, sizeof(team.fault), "%s", err);
 	}
-	/* else: left a barrier because another thread faulted */
-}
-
-static void *
-worker(void *arg)
-{
-	unsigned i = (unsigned)(uintptr_t)arg, mygen = 0;
-	struct gthread t;
-
-	memset(&t, 0, sizeof(t));
-	cur = &t;
-	alt_stack();
-	pthread_mutex_lock(&team.mu);
-	for (;;) {
-		while (team.gen == mygen)
-			pthread_cond_wait(&team.go, &team.mu);
-		mygen = team.gen;
-		if (i >= team.active)
-			continue;
-		pthread_mutex_unlock(&team.mu);
-		t.fault_sig = 0;
-		run_pooled(i);
-		pthread_mutex_lock(&team.mu);
-		team_finish();
-	}
-	return NULL;
+	f->done = 1;
+	_longjmp(team.sched, 1);
 }
 
 static int
-team_grow(unsigned n)
+team_init(void)
 {
-	pthread_attr_t attr;
-	pthread_t th;
+	unsigned i;
 
-	if (team.scratch == NULL && (team.scratch = calloc(EMU_MAX_THREADS,
-	    SIMD_MAX_BYTES)) == NULL)
+	if (team.f != NULL)
+		return 0;
+	if ((team.f = calloc(EMU_MAX_THREADS, sizeof(*team.f))) == NULL ||
+	    (team.scratch = calloc(EMU_MAX_THREADS, SIMD_MAX_BYTES)) == NULL)
 		return -1;
-	pthread_attr_init(&attr);
-	pthread_attr_setstacksize(&attr, POOL_STACK);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	while (team.nworkers < n) {
-		if (pthread_create(&th, &attr, worker,
-		    (void *)(uintptr_t)team.nworkers) != 0) {
-			pthread_attr_destroy(&attr);
+	for (i = 0; i < EMU_MAX_THREADS; i++) {
+		/* Mapped, not touched: pages are taken only as used. */
+		uint8_t *m = mmap(NULL, FIBER_STACK + 4096, PROT_READ |
+		    PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		    -1, 0);
+		if (m == MAP_FAILED)
 			return -1;
-		}
-		team.nworkers++;
+		/* A guard page below: an overflowing kernel faults. */
+		mprotect(m, 4096, PROT_NONE);
+		team.f[i].stack = m + 4096;
 	}
-	pthread_attr_destroy(&attr);
 	return 0;
 }
 
 static void
 rt_barrier(void)
 {
-	unsigned g;
+	struct fiber *f = (struct fiber *)cur;
 
-	pthread_mutex_lock(&team.mu);
-	if (!team.aborted) {
-		if (++team.arrived + team.finished == team.active) {
-			team.arrived = 0;
-			team.bargen++;
-			pthread_cond_broadcast(&team.bar);
-		} else {
-			g = team.bargen;
-			while (team.bargen == g && !team.aborted)
-				pthread_cond_wait(&team.bar, &team.mu);
-		}
-	}
-	if (team.aborted) {
-		pthread_mutex_unlock(&team.mu);
-		cur->in_kernel = 0;
-		siglongjmp(cur->jb, 2);
-	}
-	pthread_mutex_unlock(&team.mu);
+	/* Back to the scheduler; it resumes this fiber once every live
+	 * fiber has arrived here. */
+	cur->in_kernel = 0;
+	if (_setjmp(f->sw) == 0)
+		_longjmp(team.sched, 1);
+	cur = &f->t;
+	if (team.aborted)
+		siglongjmp(f->t.jb, 2);	/* another thread faulted */
+	cur->in_kernel = 1;
 }
 
 static void
@@ -307,18 +259,17 @@ rt_simd_exchange(const void *mine, void *all, size_t n)
 	unsigned lane0, i;
 
 	if (team.d == NULL || n > SIMD_MAX_BYTES) {
-		/* a simdgroup function in a kernel the emulator runs
-		 * sequentially cannot happen: library.m routes every kernel
-		 * that mentions one to the pool */
+		/* library.c routes every kernel that mentions a simdgroup
+		 * function to the fibers: this cannot happen */
 		fprintf(stderr, "metal emulator: simd_exchange of %zu bytes "
-		    "outside a pooled threadgroup\n", n);
+		    "outside a threadgroup of fibers\n", n);
 		abort();
 	}
 	memcpy(team.scratch + (size_t)cur->linear * n, mine, n);
 	rt_barrier();
 	lane0 = cur->linear / METAL_EMU_SIMD_WIDTH * METAL_EMU_SIMD_WIDTH;
 	for (i = 0; i < METAL_EMU_SIMD_WIDTH; i++)
-		if (lane0 + i < team.active)
+		if (lane0 + i < team.n)
 			memcpy((uint8_t *)all + i * n, team.scratch +
 			    (size_t)(lane0 + i) * n, n);
 		else
@@ -336,32 +287,63 @@ const struct metal_emu_rt emu_rt = {
 	rt_barrier, rt_simd_exchange, rt_simd_lane
 };
 
+/*
+ * Run f until its next barrier or its end. A fiber is started with
+ * swapcontext, and switched with _setjmp/_longjmp from then on: unlike
+ * swapcontext they save no signal mask, so a switch makes no system call.
+ */
+static void
+resume(struct fiber *f)
+{
+	cur = &f->t;
+	if (_setjmp(team.sched) != 0)
+		return;
+	if (!f->started) {
+		f->started = 1;
+		swapcontext(&team.sched_uc, &f->ctx);
+	} else
+		_longjmp(f->sw, 1);
+}
+
 static int
-run_group_pooled(const struct emu_dispatch *d, void *const *ptrs,
+run_group_fibers(const struct emu_dispatch *d, void *const *ptrs,
     const uint32_t g[3], unsigned n, char *err, size_t errlen)
 {
-	pthread_mutex_lock(&team.mu);
-	if (team_grow(n) == -1) {
-		pthread_mutex_unlock(&team.mu);
-		snprintf(err, errlen, "the emulator could not start %u "
-		    "threads: %s", n, strerror(errno));
-		return -1;
-	}
+	struct gthread *volatile saved = cur;
+	unsigned i, live;
+
 	team.d = d;
 	team.ptrs = ptrs;
 	memcpy(team.group, g, sizeof(team.group));
-	team.active = n;
-	team.finished = team.arrived = 0;
+	team.n = n;
 	team.aborted = 0;
 	team.fault[0] = '\0';
-	team.gen++;
-	pthread_cond_broadcast(&team.go);
-	while (team.finished < team.active)
-		pthread_cond_wait(&team.done, &team.mu);
-	team.active = 0;
+	for (i = 0; i < n; i++) {
+		struct fiber *f = &team.f[i];
+		memset(&f->t, 0, sizeof(f->t));
+		set_ids(&f->t, d, g, i % d->tg[0], i / d->tg[0] % d->tg[1],
+		    i / (d->tg[0] * d->tg[1]));
+		f->done = f->started = 0;
+		getcontext(&f->ctx);
+		f->ctx.uc_stack.ss_sp = f->stack;
+		f->ctx.uc_stack.ss_size = FIBER_STACK;
+		f->ctx.uc_link = NULL;	/* fiber_main never returns */
+		makecontext(&f->ctx, (void (*)(void))fiber_main, 1, i);
+	}
+	do {
+		/* One pass: each live fiber runs to its next barrier or end. */
+		for (i = live = 0; i < n && !team.aborted; i++) {
+			if (team.f[i].done)
+				continue;
+			resume(&team.f[i]);
+			live += !team.f[i].done;
+		}
+	} while (live > 0 && !team.aborted);
+	cur = saved;
 	team.d = NULL;
-	pthread_mutex_unlock(&team.mu);
 	if (team.aborted) {
+		/* The fibers left at a barrier are abandoned: their stacks are
+		 * made anew for the next threadgroup. */
 		snprintf(err, errlen, "%s", team.fault);
 		return -1;
 	}
@@ -424,10 +406,16 @@ emu_exec(const struct emu_dispatch *d, char *err, size_t errlen)
 		pthread_mutex_unlock(&exec_lock);
 		return rc;
 	}
+	if (team_init() == -1) {
+		pthread_mutex_unlock(&exec_lock);
+		snprintf(err, errlen, "the Metal emulator has no memory for "
+		    "%u thread stacks", EMU_MAX_THREADS);
+		return -1;
+	}
 	for (g[2] = 0; g[2] < d->grid[2] && rc == 0; g[2]++)
 		for (g[1] = 0; g[1] < d->grid[1] && rc == 0; g[1]++)
 			for (g[0] = 0; g[0] < d->grid[0] && rc == 0; g[0]++)
-				rc = run_group_pooled(d, ptrs, g, n, err,
+				rc = run_group_fibers(d, ptrs, g, n, err,
 				    errlen);
 	pthread_mutex_unlock(&exec_lock);
 	return rc;

@@ -226,6 +226,40 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 	return NULL;
 }
 
+/*
+ * Copy src to out, dropping the address space `threadgroup` where it
+ * qualifies a pointer type in a cast, "(threadgroup float4 *)": the header
+ * makes `threadgroup` a storage class (static: a threadgroup's memory is
+ * shared by its threads), which C++ allows in declarations only.
+ */
+static int
+copy_source(struct buf *out, const char *src, size_t len)
+{
+	const char *p = src, *end = src + len, *q;
+
+	while (p < end) {
+		if (*p == '(') {
+			for (q = p + 1; q < end && isspace((unsigned char)*q); q++)
+				;
+			if ((size_t)(end - q) > 11 &&
+			    strncmp(q, "threadgroup", 11) == 0 &&
+			    !is_ident((unsigned char)q[11])) {
+				if (put(out, "(", 1) == -1)
+					return -1;
+				p = q + 11;
+				continue;
+			}
+		}
+		q = memchr(p + 1, '(', (size_t)(end - p - 1));
+		if (q == NULL)
+			q = end;
+		if (put(out, p, (size_t)(q - p)) == -1)
+			return -1;
+		p = q;
+	}
+	return 0;
+}
+
 /* ---- compiling ---- */
 
 static uint64_t
@@ -316,8 +350,14 @@ run_compiler(const char *srcpath, const char *outpath, unsigned version,
     int fastmath)
 {
 	char vdef[64], *out, *p, *msg;
+	/* -fwrapv: GPU integers wrap, tinygrad's index arithmetic may rely
+	 * on it; -fno-strict-aliasing: kernels cast buffer pointers between
+	 * types; no excess precision: half rounds after every operation, as
+	 * on Metal. */
 	const char *argv[] = { compiler(), "-x", "c++", "-std=c++17", "-O2",
-	    "-fPIC", "-shared", fastmath ? "-ffast-math" : "-fno-fast-math", "-w", "-fno-caret-diagnostics",
+	    "-fPIC", "-shared", fastmath ? "-ffast-math" : "-fno-fast-math",
+	    "-fwrapv", "-fno-strict-aliasing", "-Xclang",
+	    "-ffloat16-excess-precision=none", "-w", "-fno-caret-diagnostics",
 	    "-I", METAL_EMU_INCLUDE, vdef, "-o", outpath, srcpath, NULL };
 	posix_spawn_file_actions_t fa;
 	struct buf b = { NULL, 0, 0 };
@@ -392,7 +432,7 @@ emu_lib_compile(const char *src, size_t len, unsigned version, int fastmath,
 
 	*err = NULL;
 	if (put(&full, "#line 1 \"program_source\"\n", 25) == -1 ||
-	    put(&full, src, len) == -1) {
+	    copy_source(&full, src, len) == -1) {
 		*err = errf("out of memory");
 		goto fail;
 	}
