@@ -102,6 +102,7 @@ class Runner:
       self.timeout, timeout = connect_timeout, self.timeout  # hello and auth are part of connecting
       self._hello(token)
       self.timeout = timeout
+      self._set_timeout(timeout)  # from now on the kernel enforces it; the connect timeout no longer applies
     except BaseException:
       self.close()
       raise

@@ -25,6 +25,16 @@ def test_roundtrip_split_into_many_frames(rp):
     part = bytearray(4096); c.read(h, 0, part)
     assert bytes(part) == data[4096:8192]
 
+SLOW = "void slow(long* restrict out, long n) { long s = 0; for (long i = 0; i < n; i++) { s += i; __asm__ volatile(\"\" : \"+r\"(s)); } out[0] = s; }"
+
+def test_connect_timeout_does_not_bound_replies(rp):
+  # connect_timeout covers the connect and the hello; a reply after that may take up to the (much longer) reply timeout
+  arch, img, entry = compile_kernel(SLOW, "slow")
+  with Runner(rp.addr, timeout=60, connect_timeout=0.2) as c:
+    c.alloc(h := c.new_handle(), 8)
+    c.load(p := c.new_handle(), P.PROG_CPU_IMAGE, "slow", img, 1, 1, entry=entry, arch=arch)
+    assert c.launch(p, [(h, 0)], [4_000_000_000], wait=True) > 0.3, "the kernel ran too fast to show anything: raise n"
+
 def test_launch_graph_and_timing(rp):
   arch, img, entry = compile_kernel(ADD1, "add1")
   with Runner(rp.addr) as c:
