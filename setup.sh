@@ -2,8 +2,10 @@
 # setup.sh [test]: everything a fresh Debian or macOS machine needs, then the
 # daemon. Idempotent: a second run only checks. Installs clang and make
 # (Debian: apt-get; macOS: the Xcode command line tools must be present),
-# with "test" also valgrind (Debian), creates .venv with the client and its
-# test dependencies, and builds daemon/metal_runner.
+# with "test" also valgrind, clang-16 and gcc's libobjc (Debian: the Metal
+# emulator, a test harness), creates .venv with the client and its test
+# dependencies, and builds daemon/metal_runner (and, for tests on Linux,
+# daemon/metal_runner_emu).
 set -eu
 cd "$(dirname "$0")"
 
@@ -20,6 +22,11 @@ Linux)
 	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$missing python3-venv"
 	if [ "${1:-}" = test ]; then
 		need valgrind || missing="$missing valgrind"
+		# The Metal emulator (tests/metal_emulator): clang-16 compiles
+		# kernels (_Float16), gcc's libobjc runs runner.m.
+		need clang++-16 || missing="$missing clang-16"
+		objc=$(cc -print-file-name=libobjc.so 2>/dev/null || true)
+		[ -f "$objc" ] || missing="$missing libobjc-$(cc -dumpversion | cut -d. -f1)-dev"
 	fi
 	if [ -n "$missing" ]; then
 		if ! need apt-get; then
@@ -48,3 +55,6 @@ if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi' 2>/dev/null; th
 	.venv/bin/python -m pip install -q -e ".[test]"
 fi
 make -s -C daemon
+if [ "${1:-}" = test ] && [ "$(uname -s)" = Linux ]; then
+	make -s -C daemon emu	# daemon/metal_runner_emu: the Metal emulator
+fi

@@ -28,7 +28,7 @@ else
 fi
 
 echo "== the suite against an ASan + UBSan daemon"
-TEST_PYTHON=$PY tests/fuzz/sanitize_run.sh tests -m "not slow"
+TEST_PYTHON=$PY tests/fuzz/sanitize_run.sh tests -m "not slow and not metal"
 
 echo "== the full suite"
 exec "$PY" -m pytest -q

@@ -75,7 +75,11 @@ class RemoteProgram(Program['RemoteDevice']):
     # signature: buffers (shaped) then integer values (shape ()), in argument order
     self.nbufs = sum(1 for *_, shape in obj.signature if shape != ())
     self.nvals = len(obj.signature) - self.nbufs
-    if dev.is_metal: kind, arch, data, entry, corearg = PROG_METALLIB if obj.lib[:4] == b"MTLB" else PROG_METAL_SOURCE, 0, obj.lib, 0, NO_CORE
+    if dev.is_metal:
+      # a Metal program's entry is its value widths (protocol.md): bit i set, value i is 64-bit (MetalRenderer's `constant long&` for a
+      # variable whose range passes int32), bound with 8 bytes as ops_metal.py binds dt.itemsize
+      wide = sum(1 << i for i, (*_, dt, _) in enumerate(obj.signature[self.nbufs:]) if dt.itemsize == 8)
+      kind, arch, data, entry, corearg = PROG_METALLIB if obj.lib[:4] == b"MTLB" else PROG_METAL_SOURCE, 0, obj.lib, wide, NO_CORE
     else:
       kind, (arch, data, entry) = PROG_CPU_IMAGE, cpu_image(obj.lib, obj.name)
       corearg = next((i for i, (nm, *_) in enumerate(obj.signature) if nm == "core_id"), NO_CORE)

@@ -3,7 +3,7 @@
  *
  * A backend is a table of functions chosen at start-up by name (--backend);
  * which backends exist is decided at build time (the CPU backend everywhere,
- * the Metal backend, runner.m, on macOS). This header is plain C with opaque
+ * the Metal backend, runner.m, on macOS: MR_BACKEND_METAL). This header is plain C with opaque
  * handles: only a backend's own file knows its device types.
  *
  * Conventions: functions return 0 (or a non-NULL handle) on success and -1
@@ -75,6 +75,8 @@ struct be_launch {
 struct backend {
 	const char *name;		/* "cpu", "metal" */
 	enum be_isolation isolation;	/* default isolation for this backend */
+	int thread_only;		/* device not fork-safe (Metal): refuse
+					 * process isolation */
 
 	/* Open the device once; fill info. */
 	int (*open)(struct be_info *info, const char *device, char *err);
@@ -93,8 +95,10 @@ struct backend {
 	int (*copy)(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err);
 
+	/* A message longer than err holds (a compiler's whole output) may
+	 * come in *longerr instead, malloc'd; the caller frees it. */
 	struct be_program *(*load)(struct be_session *s,
-	    const struct be_program_desc *d, char *err);
+	    const struct be_program_desc *d, char *err, char **longerr);
 	void (*unload)(struct be_session *s, struct be_program *p);
 
 	/* Launch n kernels in order (n > 1 for a graph). With wait set, return
@@ -107,7 +111,9 @@ struct backend {
 };
 
 extern const struct backend be_cpu;
-#ifdef __APPLE__
+/* Set by the build where runner.m is compiled in: macOS, and the Metal
+ * emulator build (metal_runner_emu) on Linux. */
+#ifdef MR_BACKEND_METAL
 extern const struct backend be_metal;
 #endif
 

@@ -366,7 +366,8 @@ arch_name(unsigned arch)
 }
 
 static struct be_program *
-cpu_load(struct be_session *s, const struct be_program_desc *d, char *err)
+cpu_load(struct be_session *s, const struct be_program_desc *d, char *err,
+    char **longerr)
 {
 	struct be_program *p;
 	long psz = sysconf(_SC_PAGESIZE);
@@ -374,6 +375,7 @@ cpu_load(struct be_session *s, const struct be_program_desc *d, char *err)
 	int flags = MAP_PRIVATE | MAP_ANON;
 
 	(void)s;
+	(void)longerr;	/* every message fits err */
 	if (d->kind != PROTO_PROG_CPU_IMAGE) {
 		snprintf(err, BE_ERR_MAX,
 		    "backend cpu does not accept %s programs",

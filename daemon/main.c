@@ -174,7 +174,7 @@ main(int argc, char **argv)
 			if (mr_find_backend(optarg) == NULL) {
 				fprintf(stderr, "metal_runner: no backend %s in "
 				    "this build (try cpu%s)\n", optarg,
-#ifdef __APPLE__
+#ifdef MR_BACKEND_METAL
 				    " or metal"
 #else
 				    "; metal needs macOS"

@@ -5,6 +5,7 @@
  * name, argument counts, CRC-32 of the data) before the backend compiles
  * or maps it; launch.c looks programs up by handle.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 {
 	struct be_program_desc d;
 	struct program *p;
+	char *longerr = NULL, prefix[PROTO_MAX_NAME + 32];
 	uint32_t tag = t->h.tag;
 	uint16_t cap;
 	size_t nargs = (size_t)t->nbufs + t->nvals;
@@ -80,9 +82,15 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	d.name = p->name;
 	d.data = body + t->namelen;
 	d.datalen = t->datalen;
-	if ((p->p = s->be->load(s->bs, &d, s->err)) == NULL) {
-		sess_errorf(s, tag, PROTO_EPROGRAM, "cannot load %s: %s",
-		    p->name, s->err);
+	if ((p->p = s->be->load(s->bs, &d, s->err, &longerr)) == NULL) {
+		if (longerr != NULL) {
+			snprintf(prefix, sizeof(prefix), "cannot load %s: ",
+			    p->name);
+			sess_error_long(s, tag, PROTO_EPROGRAM, prefix, longerr);
+		} else
+			sess_errorf(s, tag, PROTO_EPROGRAM, "cannot load %s: %s",
+			    p->name, s->err);
+		free(longerr);
 		goto fail;
 	}
 	if (htab_put(&s->progs, t->prog, p) == -1) {

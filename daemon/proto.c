@@ -560,13 +560,25 @@ size_t
 proto_put_rerror(uint8_t *buf, size_t cap, uint32_t tag, uint32_t code,
     const char *text)
 {
+	return proto_put_rerror_n(buf, cap, tag, code, text,
+	    PROTO_MAX_ERRTEXT);
+}
+
+size_t
+proto_put_rerror_n(uint8_t *buf, size_t cap, uint32_t tag, uint32_t code,
+    const char *text, size_t maxtext)
+{
 	struct proto_hdr	h;
 	size_t			n = 0;
 
 	if (text == NULL)
 		text = "";
-	while (n < PROTO_MAX_ERRTEXT && text[n] != '\0')
+	while (n < maxtext && text[n] != '\0')
 		n++;
+	/* A cut text must stay UTF-8: never end inside a character. */
+	if (text[n] != '\0')
+		while (n > 0 && ((unsigned char)text[n] & 0xc0) == 0x80)
+			n--;
 	if (cap < 20 + n)
 		return 0;
 	h.size = (uint32_t)(20 + n);

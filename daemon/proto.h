@@ -81,9 +81,12 @@ int proto_get_patch(const uint8_t *buf, size_t len, size_t i,
     struct proto_patch *p, char *err);
 
 /* Encode a complete Rerror frame (header, code, text truncated to
- * PROTO_MAX_ERRTEXT); return its size, 0 if cap is short. */
+ * PROTO_MAX_ERRTEXT, or to maxtext bytes with _n, at a UTF-8 character
+ * boundary); return its size, 0 if cap is short. */
 size_t proto_put_rerror(uint8_t *buf, size_t cap, uint32_t tag, uint32_t code,
     const char *text);
+size_t proto_put_rerror_n(uint8_t *buf, size_t cap, uint32_t tag,
+    uint32_t code, const char *text, size_t maxtext);
 
 /* CRC-32 (IEEE 802.3, as zlib's crc32): crc = proto_crc32(0, p, n). */
 uint32_t proto_crc32(uint32_t crc, const uint8_t *p, size_t n);

@@ -28,6 +28,9 @@
 #define PROTO_MAX_ARGS 63		/* buffers + values per kernel */
 #define PROTO_MAX_NAME 255		/* kernel name length in Tload */
 #define PROTO_MAX_ERRTEXT 1024		/* Rerror text length */
+/* A compiler's whole output (EPROGRAM for Metal source): what fits a frame
+ * of the smallest maxmsg. */
+#define PROTO_MAX_COMPILER_TEXT (PROTO_MIN_MAXMSG - 20)
 #define PROTO_NONCE_SIZE 32
 #define PROTO_MAC_SIZE 32
 #define PROTO_NO_CORE 65535		/* Tload.corearg: no core_id argument */

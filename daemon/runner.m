@@ -91,6 +91,7 @@ struct be_program {
 	struct mtl_pipe *pipe;		/* holds one of its refs */
 	uint16_t nbufs;
 	uint16_t nvals;
+	uint32_t wide;			/* bit i: value i is 64-bit (Tload.entry) */
 	char name[PROTO_MAX_NAME + 1];
 };
 
@@ -219,9 +220,13 @@ mtl_cache_trim(void)
 	}
 }
 
-/* Compile d into a pipeline the caller owns, or nil with err set. */
+/*
+ * Compile d into a pipeline the caller owns, or nil with err set; for a
+ * compile error *longerr gets the compiler's whole text, which does not
+ * fit err (the client wants it verbatim, as tinygrad shows it locally).
+ */
 static id <MTLComputePipelineState>
-mtl_compile(const struct be_program_desc *d, char *err)
+mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 {
 	dispatch_data_t data = nil;
 	NSString *src = nil, *name = nil;
@@ -230,6 +235,7 @@ mtl_compile(const struct be_program_desc *d, char *err)
 	id <MTLFunction> fn = nil;
 	id <MTLComputePipelineState> pipe = nil;
 	NSError *e = nil;
+	const char *text;
 
 	if (d->kind == PROTO_PROG_METALLIB) {
 		/* Wrap the metallib; the default destructor copies the bytes. */
@@ -274,10 +280,30 @@ mtl_compile(const struct be_program_desc *d, char *err)
 #pragma clang diagnostic ignored "-Wdeprecated-declarations"
 		opt.fastMathEnabled = NO;
 #pragma clang diagnostic pop
+		/*
+		 * The language version tinygrad's MetalCompiler pins
+		 * (ops_metal.py: metal4.0 from macOS 26, 3.1 from 14, 3.0 on
+		 * 13, else 2.0), not the newest the system has, so a kernel
+		 * means here what it means to tinygrad on the same Mac. 4.0 is
+		 * spelled (4 << 16), as SDKs before 26 lack its name.
+		 */
+		if (@available(macOS 26.0, *))
+			opt.languageVersion = (MTLLanguageVersion)(4 << 16);
+		else if (@available(macOS 14.0, *))
+			opt.languageVersion = MTLLanguageVersion3_1;
+		else if (@available(macOS 13.0, *))
+			opt.languageVersion = MTLLanguageVersion3_0;
+		else
+			opt.languageVersion = MTLLanguageVersion2_0;
 		/* Compile the source. */
 		lib = [mtl_dev newLibraryWithSource:src options:opt error:&e];
 		if (lib == nil) {
 			mtl_nserr(err, "Metal compile failed", e);
+			if (e != nil && (text = [[e localizedDescription]
+			    UTF8String]) != NULL && (*longerr = malloc(
+			    strlen(text) + 32)) != NULL)
+				snprintf(*longerr, strlen(text) + 32,
+				    "Metal compile failed: %s", text);
 			goto fail;
 		}
 	}
@@ -706,7 +732,7 @@ mtl_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 /* ---- programs ---- */
 
 static struct be_program *
-mtl_load_body(const struct be_program_desc *d, char *err)
+mtl_load_body(const struct be_program_desc *d, char *err, char **longerr)
 {
 	struct be_program *prog = NULL;
 	struct mtl_pipe *p, *q, *fresh = NULL;
@@ -717,6 +743,12 @@ mtl_load_body(const struct be_program_desc *d, char *err)
 	if (d->kind != PROTO_PROG_METALLIB &&
 	    d->kind != PROTO_PROG_METAL_SOURCE) {
 		mtl_seterr(err, "backend metal does not accept CPU images");
+		return NULL;
+	}
+	if (d->nvals < 32 && d->entry >> d->nvals != 0) {
+		mtl_seterr(err, "%s: the value widths (entry 0x%x) name values "
+		    "past its %u", d->name, (unsigned)d->entry,
+		    (unsigned)d->nvals);
 		return NULL;
 	}
 	if ((unsigned)d->nbufs + d->nvals > MTL_MAX_ARGS) {
@@ -752,7 +784,7 @@ mtl_load_body(const struct be_program_desc *d, char *err)
 
 	if (p == NULL) {
 		/* Compile outside the lock; other sessions keep running. */
-		if ((pipe = mtl_compile(d, err)) == nil)
+		if ((pipe = mtl_compile(d, err, longerr)) == nil)
 			goto fail;
 		fresh->maxthreads = [pipe maxTotalThreadsPerThreadgroup];
 		pthread_mutex_lock(&mtl_lock);
@@ -778,6 +810,7 @@ mtl_load_body(const struct be_program_desc *d, char *err)
 	prog->pipe = p;
 	prog->nbufs = d->nbufs;
 	prog->nvals = d->nvals;
+	prog->wide = d->entry;
 	snprintf(prog->name, sizeof(prog->name), "%s", d->name);
 	return prog;
 
@@ -788,13 +821,14 @@ fail:
 }
 
 static struct be_program *
-mtl_load(struct be_session *s, const struct be_program_desc *d, char *err)
+mtl_load(struct be_session *s, const struct be_program_desc *d, char *err,
+    char **longerr)
 {
 	struct be_program *prog;
 
 	(void)s;
 	@autoreleasepool {
-		prog = mtl_load_body(d, err);
+		prog = mtl_load_body(d, err, longerr);
 	}
 	return prog;
 }
@@ -837,9 +871,10 @@ mtl_check(const struct be_launch *l, char *err)
 		    (unsigned long)prog->pipe->maxthreads);
 		return -1;
 	}
-	/* Kernels take int (or uint) values: accept what either can hold. */
+	/* A 32-bit value (int or uint): accept what either can hold. */
 	for (i = 0; i < l->nvals; i++)
-		if (l->vals[i] < INT32_MIN || l->vals[i] > (int64_t)UINT32_MAX) {
+		if ((prog->wide >> i & 1) == 0 && (l->vals[i] < INT32_MIN ||
+		    l->vals[i] > (int64_t)UINT32_MAX)) {
 			mtl_seterr(err, "%s: value argument %u is %lld, which "
 			    "does not fit the kernel's 32-bit int", prog->name,
 			    (unsigned)i, (long long)l->vals[i]);
@@ -852,6 +887,7 @@ static void
 mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
 {
 	uint32_t v;
+	int64_t v8;
 	uint16_t i;
 
 	/* Select the kernel. */
@@ -860,9 +896,18 @@ mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
 	for (i = 0; i < l->nbufs; i++)
 		[enc setBuffer:l->bufs[i]->buf
 		    offset:(NSUInteger)l->offsets[i] atIndex:i];
-	/* Copy each integer in after them, as 32 bits (tinygrad's Metal
-	 * kernels declare them constant int&, following the buffers). */
+	/* Copy each integer in after them, with the width the kernel
+	 * declares: constant int& (32 bits), or constant long& (64) for a
+	 * variable whose range needs it, as tinygrad's ops_metal.py binds
+	 * dt.itemsize bytes. A wrong width reads past or short of the
+	 * binding (the validation layer reports it). */
 	for (i = 0; i < l->nvals; i++) {
+		if (l->prog->wide >> i & 1) {
+			v8 = l->vals[i];
+			[enc setBytes:&v8 length:sizeof(v8)
+			    atIndex:(NSUInteger)l->nbufs + i];
+			continue;
+		}
 		v = (uint32_t)l->vals[i];
 		[enc setBytes:&v length:sizeof(v)
 		    atIndex:(NSUInteger)l->nbufs + i];
@@ -889,9 +934,22 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 		*ns = 0;
 	if (n == 0)
 		return 0;
-	/* Time only this work: earlier launches go in their own buffer. */
-	if (wait)
-		mtl_commit(s);
+	/*
+	 * Time only this work: earlier launches go in their own buffer, and
+	 * are waited for first. The caller takes a waited launch as the end
+	 * of all the session's work (protocol.md: it is a request that
+	 * waits), so an earlier buffer's failure is reported here, and the
+	 * launch, whose inputs it may have left wrong, is not run.
+	 */
+	if (wait) {
+		mtl_drain(s);
+		if (s->err[0] != '\0') {
+			mtl_seterr(err, "not run: earlier work of this session "
+			    "failed: %s", s->err);
+			s->err[0] = '\0';
+			return -1;
+		}
+	}
 	if ((cb = mtl_cmdbuf(s, err)) == nil)
 		return -1;
 
@@ -953,6 +1011,7 @@ mtl_launch(struct be_session *s, const struct be_launch *l, size_t n,
 const struct backend be_metal = {
 	.name = "metal",
 	.isolation = BE_ISOLATE_THREAD,
+	.thread_only = 1,	/* Metal is not fork-safe */
 	.open = mtl_open,
 	.close = mtl_close,
 	.session_open = mtl_session_open,

@@ -50,7 +50,7 @@ static pthread_cond_t slots_idle = PTHREAD_COND_INITIALIZER;
 static int nactive;
 
 static const struct backend *backends[] = {
-#ifdef __APPLE__
+#ifdef MR_BACKEND_METAL
 	&be_metal,
 #endif
 	&be_cpu,
@@ -236,6 +236,13 @@ mr_serve(const struct mr_config *cfg)
 		return -1;
 	}
 	iso = cfg->isolation ? cfg->isolation : ctx.be->isolation;
+	if (iso == BE_ISOLATE_PROCESS && ctx.be->thread_only) {
+		log_warn("the %s backend cannot isolate sessions in processes: "
+		    "its device is not fork-safe (a process forked after it is "
+		    "opened must not use it); use --isolation thread",
+		    ctx.be->name);
+		return -1;
+	}
 	if (ctx.be->open(&info, cfg->device, err) == -1) {
 		log_warn("cannot open the %s backend: %s", ctx.be->name, err);
 		return -1;

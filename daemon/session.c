@@ -118,6 +118,41 @@ sess_errorf(struct session *s, uint32_t tag, uint32_t code, const char *fmt,
 	return -1;
 }
 
+/*
+ * Queue an Rerror whose text may pass PROTO_MAX_ERRTEXT: a compiler's
+ * whole output (protocol.md, Tload), which a person needs whole to fix the
+ * kernel. The log keeps only its first line.
+ */
+int
+sess_error_long(struct session *s, uint32_t tag, uint32_t code,
+    const char *prefix, const char *text)
+{
+	size_t plen = strlen(prefix), tlen = strlen(text), n, need;
+	char *full;
+
+	if ((full = malloc(plen + tlen + 1)) == NULL)
+		return sess_errorf(s, tag, code, "%s%s", prefix, text);
+	memcpy(full, prefix, plen);
+	memcpy(full + plen, text, tlen + 1);
+	log_info("session %u: tag %u: %s: %.*s (%zu bytes)", s->id, tag,
+	    proto_error_name(code), (int)strcspn(full, "\n"), full,
+	    plen + tlen);
+	need = PROTO_HDR_SIZE + 8 + PROTO_MAX_COMPILER_TEXT;
+	if (s->nqueued >= MAX_QUEUED_ERRORS ||
+	    sess_grow(&s->errq, &s->errqcap, s->errqlen + need) == -1) {
+		s->dropped++;
+		s->dropped_tag = tag;
+		free(full);
+		return -1;
+	}
+	n = proto_put_rerror_n(s->errq + s->errqlen, need, tag, code, full,
+	    PROTO_MAX_COMPILER_TEXT);
+	s->errqlen += n;
+	s->nqueued++;
+	free(full);
+	return -1;
+}
+
 /* Append a reply (fixed part and optional small data) after queued errors. */
 int
 sess_reply(struct session *s, union proto_msg *m, const void *data, size_t len)

@@ -92,6 +92,8 @@ int sess_flush(struct session *s);
 int sess_drain_errors(struct session *s);
 int sess_errorf(struct session *s, uint32_t tag, uint32_t code,
     const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+int sess_error_long(struct session *s, uint32_t tag, uint32_t code,
+    const char *prefix, const char *text);
 int sess_reply(struct session *s, union proto_msg *m, const void *data,
     size_t len);
 int sess_fail_reply(struct session *s);

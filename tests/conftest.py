@@ -9,6 +9,7 @@ if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "cpu_only: runs kernels on a runner with the CPU backend (any host, no GPU)")
+  config.addinivalue_line("markers", "metal: runs kernels on a Metal runner (the Metal emulator on Linux, a real GPU on macOS)")
 
 @functools.cache
 def build_daemon() -> str|None:
@@ -66,3 +67,56 @@ def run_python(code:str, env:dict[str, str]|None=None, timeout:float=300, unset:
   full.update({"PYTHONPATH": os.pathsep.join([str(ROOT)] + ([full["PYTHONPATH"]] if full.get("PYTHONPATH") else [])), **(env or {})})
   try: return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
   except subprocess.TimeoutExpired as e: pytest.fail(f"subprocess did not finish in {timeout} s (hang?)\nstdout: {e.stdout}\nstderr: {e.stderr}")
+
+# *** Metal runners: METAL_RUNNER names one already running (a Mac's); otherwise one is started here, on macOS the real
+# daemon/metal_runner, elsewhere daemon/metal_runner_emu, the daemon on the Metal emulator (tests/metal_emulator, a test harness).
+# A Metal test never passes without reaching a runner: one that cannot be built or reached fails the test.
+
+METAL_EMU = ROOT / "daemon" / "metal_runner_emu"
+METAL_BIN = DAEMON if sys.platform == "darwin" else METAL_EMU
+
+@functools.cache
+def build_metal() -> str|None:
+  """Builds the Metal runner once per test session; returns why it cannot be built, or None."""
+  target = "all" if sys.platform == "darwin" else "emu"
+  try: r = subprocess.run(["make", "-C", str(ROOT / "daemon"), target], capture_output=True, text=True, timeout=600)
+  except (OSError, subprocess.TimeoutExpired) as e: return f"make -C daemon {target} failed: {e}"
+  if r.returncode != 0 or not METAL_BIN.exists():
+    return f"make -C daemon {target} failed (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-1500:]}"
+  return None
+
+def external_metal_runner() -> str|None:
+  return os.environ.get("METAL_RUNNER", "").split(",")[0].strip() or None
+
+def metal_runner_proc(*args:str, env:dict[str, str]|None=None):
+  """A Metal runner of the test's own on 127.0.0.1 (RunnerProc: .addr, .log_text(), .stop()); fails if it cannot be built."""
+  from runner_proc import RunnerProc
+  if (why:=build_metal()) is not None: pytest.fail(f"the Metal runner cannot be built, so no Metal test can run: {why}")
+  return RunnerProc("--backend", "metal", *args, binary=METAL_BIN, env=env)
+
+def needs_own_metal_runner():
+  if external_metal_runner(): pytest.skip("starts a Metal runner with its own options; METAL_RUNNER names one already running")
+
+def is_emulator(addr:str) -> bool:
+  from client.connection import Runner
+  with Runner(addr) as r: return "emulator" in r.info.name
+
+@pytest.fixture(scope="session")
+def metal_addr() -> str:
+  """The address of a Metal runner shared by the session: METAL_RUNNER's, which must answer as a Metal runner, or one started here."""
+  if (addr:=external_metal_runner()) is not None:
+    from client.connection import Runner, RunnerError
+    try:
+      with Runner(addr, connect_timeout=10) as r: backend = r.info.backend
+    except (RunnerError, OSError) as e: pytest.fail(f"METAL_RUNNER={addr} does not answer: {e}")
+    if backend != "metal": pytest.fail(f"METAL_RUNNER={addr} is a runner with the {backend} backend, not metal")
+    yield addr
+    return
+  r = metal_runner_proc()
+  try: yield r.addr
+  finally: r.stop()
+
+@pytest.fixture
+def emulator_only(metal_addr):
+  """For checks only the emulator can make (guard pages, live-object counts, validation that fails a command buffer)."""
+  if not is_emulator(metal_addr): pytest.skip("checks the Metal emulator's own reports; a real Metal device has none of them")

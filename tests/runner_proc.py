@@ -12,9 +12,10 @@ def build() -> pathlib.Path:
   return DAEMON
 
 class RunnerProc:
-  def __init__(self, *args:str, binary:pathlib.Path|None=None):
+  def __init__(self, *args:str, binary:pathlib.Path|None=None, env:dict[str, str]|None=None):
     self.argv = [str(binary or build()), "--host", "127.0.0.1", "--port", "0", *args]
-    self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, **env} if env else None)
     line = self.proc.stdout.readline()
     if not line.startswith("listening on "):
       self.stop()

@@ -11,7 +11,7 @@ The flags, and why each is there:
   -fblocks                       dispatch_block_t in <dispatch/dispatch.h> is a block type
   -fobjc-runtime=macosx-13.0     Apple's Objective-C runtime rules (not GNUstep's, clang's Linux default)
   -fno-objc-arc                  runner.m uses manual retain/release, like ggml-metal; under ARC its own #error fires
-  -D__APPLE__=1                  backend.h then declares be_metal, so the definition is checked against that declaration
+  -D__APPLE__=1 -DMR_BACKEND_METAL   as a macOS build: backend.h then declares be_metal, so the definition is checked against it
   -Wall -Wextra -Wmissing-variable-declarations -Wmissing-prototypes -Werror   every warning is a failure
 """
 import re
@@ -34,7 +34,7 @@ pytestmark = [
                      "the stub headers exist for Linux, where there is no SDK"),
 ]
 
-FLAGS = ["-fsyntax-only", "-x", "objective-c", "-fblocks", "-fobjc-runtime=macosx-13.0", "-fno-objc-arc", "-D__APPLE__=1",
+FLAGS = ["-fsyntax-only", "-x", "objective-c", "-fblocks", "-fobjc-runtime=macosx-13.0", "-fno-objc-arc", "-D__APPLE__=1", "-DMR_BACKEND_METAL",
          "-Wall", "-Wextra", "-Wmissing-variable-declarations", "-Wmissing-prototypes", "-Werror"]
 
 

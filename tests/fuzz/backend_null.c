@@ -157,11 +157,13 @@ null_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 }
 
 static struct be_program *
-null_load(struct be_session *s, const struct be_program_desc *d, char *err)
+null_load(struct be_session *s, const struct be_program_desc *d, char *err,
+    char **longerr)
 {
 	struct be_program *p;
 	size_t namelen;
 
+	(void)longerr;	/* every message fits err */
 	check(s->magic == SESS_MAGIC);
 	check(d->name != NULL && d->data != NULL && d->datalen > 0);
 	namelen = strlen(d->name);

@@ -1,0 +1,196 @@
+# The Metal backend (daemon/runner.m) over the wire protocol, with Metal source written here. On Linux it runs on the Metal
+# emulator (tests/metal_emulator, a test harness); against a Mac's runner (METAL_RUNNER) the same tests run on its GPU, except
+# the ones marked emulator_only, which read the emulator's own reports.
+import struct
+import pytest
+from conftest import is_emulator, metal_runner_proc, needs_own_metal_runner
+from client import protocol as P
+from wire import Raw
+
+pytestmark = pytest.mark.metal
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+IDS = "uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]"
+PUT64 = HEAD + f"kernel void put64(device long* out, constant long& v, {IDS}) {{ out[0] = v; }}\n"
+PUT32 = HEAD + f"kernel void put32(device int* out, constant int& v, {IDS}) {{ out[0] = v * 2; }}\n"
+ADD1 = HEAD + f"kernel void add1(device float* out, device float* a, {IDS}) {{ out[gid.x] = a[gid.x] + 1.0f; }}\n"
+# writes one float past the end of a 16-byte buffer
+OOB = HEAD + f"kernel void oob(device float* out, {IDS}) {{ out[4 + gid.x] = 1.0f; }}\n"
+VERSION = HEAD + f"kernel void version(device int* out, {IDS}) {{ out[0] = __METAL_VERSION__; }}\n"
+
+def load(c:Raw, prog:int, src:str, nbufs:int, nvals:int=0, wide:int=0, kind:int=P.PROG_METAL_SOURCE, name:str|None=None) -> int:
+  name = name or src.split("kernel void ", 1)[1].split("(", 1)[0]
+  return c.load(prog, src.encode(), name, nbufs=nbufs, nvals=nvals, arch=0, entry=wide, kind=kind)
+
+def launched(c:Raw, prog:int, bufs, vals=(), g=(1, 1, 1), l=(1, 1, 1)) -> int:
+  """A launch with FWAIT: the Rlaunch's ns, or fails with the Rerror."""
+  tag = c.launch(prog, bufs, vals, g, l, wait=True)
+  t, f, p = c.frame()
+  assert t == P.RLAUNCH and f["tag"] == tag, (P.TYPE_NAMES.get(t), f, p)
+  return f["ns"]
+
+def launch_error(c:Raw, prog:int, bufs, vals=(), g=(1, 1, 1), l=(1, 1, 1)) -> tuple[int, str]:
+  tag = c.launch(prog, bufs, vals, g, l, wait=True)
+  code, etag, text = c.error()
+  assert etag == tag
+  return code, text
+
+@pytest.fixture
+def c(metal_addr):
+  conn = Raw(metal_addr)
+  yield conn
+  conn.close()
+
+def test_hello(c):
+  assert c.info["backend"] == P.BACKEND_METAL and c.info["caps"] & P.CAP_METAL_SOURCE
+  assert c.info["arch"].rstrip(b"\0").decode().startswith(("Apple", "Mac"))
+
+def test_kernel_runs_and_is_timed(c):
+  c.alloc(1, 64); c.alloc(2, 64)
+  c.write(2, 0, struct.pack("<16f", *range(16)))
+  load(c, 7, ADD1, 2)
+  assert launched(c, 7, [(1, 0), (2, 0)], g=(16, 1, 1)) > 0
+  assert struct.unpack("<16f", c.read(1, 0, 64)) == tuple(float(i + 1) for i in range(16))
+
+# *** defect a: an integer value is bound with the width its kernel declares
+
+def test_64bit_value(c):
+  # MetalRenderer declares a variable whose range passes int32 as `constant long&`; Tload.entry marks it (bit 0: value 0 is 64-bit)
+  c.alloc(1, 8)
+  load(c, 1, PUT64, 1, 1, wide=1)
+  for v in (2**40 + 3, -(2**35), 7):
+    launched(c, 1, [(1, 0)], [v])
+    assert struct.unpack("<q", c.read(1, 0, 8))[0] == v
+
+def test_32bit_value_range_is_checked(c):
+  c.alloc(1, 4)
+  load(c, 1, PUT32, 1, 1)
+  launched(c, 1, [(1, 0)], [-21])
+  assert struct.unpack("<i", c.read(1, 0, 4))[0] == -42
+  code, text = launch_error(c, 1, [(1, 0)], [2**32])
+  assert code == P.EDEVICE and "does not fit the kernel's 32-bit int" in text, text
+
+def test_width_mask_past_the_values(c):
+  load(c, 1, PUT64, 1, 1, wide=0b10)
+  code, tag, text = c.errors(1)[0]
+  assert code == P.EPROGRAM and "value widths" in text, text
+
+def test_64bit_value_bound_as_4_bytes_fails_validation(c, emulator_only):
+  # the runner before the fix bound every value as 4 bytes: the kernel read 8 bytes from a 4-byte binding
+  c.alloc(1, 8)
+  load(c, 1, PUT64, 1, 1, wide=0)
+  code, text = launch_error(c, 1, [(1, 0)], [5])
+  assert code == P.EDEVICE and "Metal API Validation" in text and "length(4)" in text and "length(8)" in text, text
+
+# *** defect b: a waited launch reports an earlier launch's failure, and waits for all earlier work
+
+def test_waited_launch_reports_earlier_failure(c, emulator_only):
+  c.alloc(1, 16); c.alloc(2, 64); c.alloc(3, 64)
+  load(c, 1, OOB, 1); load(c, 2, ADD1, 2)
+  c.launch(1, [(1, 0)])                       # fails on the device after the runner accepted it
+  code, text = launch_error(c, 2, [(2, 0), (3, 0)], g=(16, 1, 1))
+  assert code == P.EDEVICE and "earlier work" in text and "Address Fault" in text, text
+  # reported once: the session goes on cleanly
+  assert c.until_pong() == []
+  launched(c, 2, [(2, 0), (3, 0)], g=(16, 1, 1))
+  c.sync()
+
+def test_deferred_failure_at_sync(c, emulator_only):
+  c.alloc(1, 16)
+  load(c, 1, OOB, 1)
+  c.launch(1, [(1, 0)])
+  tag = c.req(P.TSYNC)
+  code, etag, text = c.error()
+  assert (code, etag) == (P.EDEVICE, tag) and "Address Fault" in text, text
+  c.sync()                                     # reported once
+
+def test_fault_ends_only_that_command_buffer(metal_addr, c, emulator_only):
+  c.alloc(1, 16)
+  load(c, 1, OOB, 1)
+  code, text = launch_error(c, 1, [(1, 0)])
+  assert code == P.EDEVICE and "kIOGPUCommandBufferCallbackErrorPageFault" in text, text
+  other = Raw(metal_addr)
+  other.alloc(1, 64); other.alloc(2, 64)
+  load(other, 5, ADD1, 2)
+  launched(other, 5, [(1, 0), (2, 0)], g=(16, 1, 1))
+  other.close()
+
+# *** defect c: Metal is not fork-safe, so process isolation is refused
+
+def test_process_isolation_refused(metal_addr):
+  needs_own_metal_runner()
+  with pytest.raises(RuntimeError) as e: metal_runner_proc("--isolation", "process")
+  assert "not fork-safe" in str(e.value) and "--isolation thread" in str(e.value), str(e.value)
+
+# *** defect e: the compiler's whole message, and the language version tinygrad pins
+
+def test_compile_error_is_whole(c):
+  body = "\n".join(f"  out[{i}] = undefined_name_{i:03d};" for i in range(40))
+  src = HEAD + f"kernel void bad(device float* out, {IDS}) {{\n{body}\n}}\n"
+  load(c, 1, src, 1)
+  code, tag, text = c.errors(1)[0]
+  assert code == P.EPROGRAM and text.startswith("cannot load bad: Metal compile failed"), text[:200]
+  assert len(text.encode()) > P.MAX_ERRTEXT and "undefined_name_000" in text and "undefined_name_010" in text, text[-300:]
+
+def test_language_version_is_pinned(c, emulator_only):
+  # tinygrad's MetalCompiler compiles at metal4.0 (macOS 26), 3.1 (14), 3.0 (13) or 2.0, never the system's newest. On Linux
+  # runner.m's @available checks all pass, so it pins 4.0; the emulator's own default (the newest of its macOS 15) is 3.2.
+  c.alloc(1, 4)
+  load(c, 1, VERSION, 1)
+  launched(c, 1, [(1, 0)])
+  assert struct.unpack("<i", c.read(1, 0, 4))[0] == 400
+
+# *** the emulator's validation layer and its guard pages, seen through the runner
+
+def test_offset_at_end_of_buffer_fails_validation(c, emulator_only):
+  c.alloc(1, 64); c.alloc(2, 64)
+  load(c, 1, ADD1, 2)
+  code, text = launch_error(c, 1, [(1, 0), (2, 64)])   # the runner allows offset == size; Metal does not
+  assert code == P.EDEVICE and "offset(64) must be < [buffer length](64)" in text, text
+
+def test_missing_binding_fails_validation(c, emulator_only):
+  c.alloc(1, 64)
+  load(c, 1, ADD1, 1)                                  # the kernel declares two buffers; the client says one
+  code, text = launch_error(c, 1, [(1, 0)])
+  assert code == P.EDEVICE and "missing buffer binding at index 1" in text, text
+
+def test_metallib_is_refused_by_the_emulator(c, emulator_only):
+  load(c, 1, "MTLB" + "\0" * 60 + "ENDT", 1, kind=P.PROG_METALLIB, name="k")
+  code, tag, text = c.errors(1)[0]
+  assert code == P.EPROGRAM and "metallib is not supported by the Metal emulator" in text, text
+
+def test_threadgroup_too_large(c):
+  c.alloc(1, 64); c.alloc(2, 64)
+  load(c, 1, ADD1, 2)
+  code, text = launch_error(c, 1, [(1, 0), (2, 0)], l=(1024, 2, 1))
+  assert code == P.EDEVICE and "maxTotalThreadsPerThreadgroup" in text, text
+
+# *** every object a session creates is released when it ends
+
+def test_sessions_release_everything(metal_addr):
+  needs_own_metal_runner()
+  r = metal_runner_proc(env={"METAL_EMU_LIVE": "1"})
+  def released(n:int) -> list[str]:   # the emulator's line for each session's queue, once n sessions have ended
+    for _ in range(100):
+      if len(lines:=[ln for ln in r.log_text(0.05).splitlines() if "command queue released" in ln]) >= n: return lines
+    raise AssertionError(f"{n} sessions did not end:\n{r.log_text(0)}")
+  try:
+    if not is_emulator(r.addr): pytest.skip("live-object counts are the emulator's")
+    released(1)   # is_emulator's session: each session ends before the next starts, so the counts are its alone
+    for n in (2, 3):
+      c = Raw(r.addr)
+      c.alloc(1, 64); c.alloc(2, 64); c.alloc(3, 16)
+      load(c, 1, ADD1, 2); load(c, 2, OOB, 1)
+      for _ in range(100): c.launch(1, [(1, 0), (2, 0)], global_size=(16, 1, 1))   # past the 64-command batch
+      launched(c, 1, [(1, 0), (2, 0)], g=(16, 1, 1))
+      c.launch(2, [(3, 0)])                     # a failed command buffer is released too
+      c.req(P.TSYNC); c.error()
+      c.close()
+      released(n)
+    for ln in released(3):
+      # what may stay: the device, the pipeline cache (kept for the next client) and the autorelease pool the queue is released in
+      live = dict(x.rsplit(" ", 1) for x in ln.split("live objects: ", 1)[1].split(", ")) if "none" not in ln else {}
+      assert set(live) <= {"EmuDevice", "EmuPipeline", "EmuLibrary", "NSAutoreleasePool"} and live.get("NSAutoreleasePool", "1") == "1", ln
+  finally:
+    r.stop()
+  assert "metal emulator: live objects at exit: none" in r.log_text(0), r.log_text(0)[-2000:]
