@@ -22,6 +22,7 @@ Linux)
 	python3 -c 'import venv, ensurepip' 2>/dev/null || missing="$missing python3-venv"
 	if [ "${1:-}" = test ]; then
 		need valgrind || missing="$missing valgrind"
+		need cmake || missing="$missing cmake"
 		# The Metal emulator (tests/metal_emulator): clang-16 compiles
 		# kernels (_Float16), gcc's libobjc runs runner.m.
 		need clang++-16 || missing="$missing clang-16"

@@ -190,6 +190,31 @@ print(json.dumps({"err": float(np.abs(sharded - local).max()), "addrs": [Device[
   out = json.loads(r.stdout.splitlines()[-1])
   assert out["addrs"] == [metal_addr, second.addr] and min(out["kernels"]) >= 2 and out["err"] < 1e-4, out
 
+def test_beam_search_fits_in_few_runner_handles(metal_addr):
+  """Defect d on the Metal backend: BEAM's dropped candidates are unloaded, so a search fits a runner allowing 16 handles."""
+  needs_own_metal_runner()
+  r16 = metal_runner_proc("--max-handles", "16")
+  try:
+    r = run_python("""
+import json, numpy as np, client.remote_metal
+from tinygrad import Device, Tensor
+from tinygrad.helpers import Context
+runner, n = Device["METAL"].runner, {"load": 0, "unload": 0}
+for name in n:
+  def count(*a, _f=getattr(runner, name), _n=name, **kw):
+    n[_n] += 1
+    return _f(*a, **kw)
+  setattr(runner, name, count)
+a, b = np.random.default_rng(9).normal(size=(2, 32, 32)).astype(np.float32)
+with Context(BEAM=2, CACHELEVEL=0): out = (Tensor(a, device="METAL") @ Tensor(b, device="METAL")).numpy()
+Device["METAL"].synchronize()
+print(json.dumps({"err": float(np.abs(out - a @ b).max()), **n}))""", {"METAL_RUNNER": r16.addr}, timeout=600)
+  finally:
+    r16.stop()
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.splitlines()[-1])
+  assert out["err"] < 1e-3 and out["load"] > 16 and out["load"] - out["unload"] <= 2, out
+
 def test_train_mlp_example(metal_addr):
   r = run_python(f"import runpy, sys; sys.argv = ['train_mlp.py', '--steps', '40']; runpy.run_path({str(ROOT / 'examples' / 'train_mlp.py')!r}, "
                  "run_name='__main__')", {"METAL_RUNNER": metal_addr}, timeout=600)
