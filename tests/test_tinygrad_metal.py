@@ -1,11 +1,11 @@
 # tinygrad on a Metal runner (device METAL), checked against tinygrad's own CPU device and numpy. On Linux the runner is
 # daemon/metal_runner_emu, the daemon on the Metal emulator (tests/metal_emulator, a test harness); with METAL_RUNNER set (a
 # Mac's runner) the same tests run on its GPU. Every test reaches the runner: one that cannot be built or reached fails.
-import json, os, re, sys
+import os, re
 import numpy as np
 import pytest
 from conftest import ROOT, metal_runner_proc, needs_own_metal_runner, run_python
-from test_tinygrad_remote import DTYPES, TOL, Spy, train_losses
+from test_tinygrad_remote import DTYPES, TOL, Spy, beam_in_few_handles, dtype_ops, shard_across, train_losses
 
 pytestmark = pytest.mark.metal
 
@@ -38,21 +38,11 @@ def test_renderer_follows_the_runner(metal):
 
 @pytest.mark.parametrize("name", DTYPES)
 def test_elementwise_dtypes(metal, name):
-  from tinygrad import Device, Tensor, dtypes
+  from tinygrad import Device, dtypes
   dt = getattr(dtypes, name)
   if dt not in Device[metal].renderer.supported_dtypes(): pytest.skip(f"MetalRenderer has no {name} for {Device[metal].renderer.target.arch}")
   if dt not in Device["CPU"].renderer.supported_dtypes(): pytest.skip(f"tinygrad's CPU device, the reference, has no {name} here")
-  if dt == dtypes.bool: vals = [v % 3 == 1 for v in range(16)]
-  elif dtypes.is_float(dt): vals = [v * 0.375 - 2.5 for v in range(16)]
-  else: vals = [(v * 7) % 11 - (0 if dtypes.is_unsigned(dt) else 5) for v in range(16)]
-  vals2 = vals[::-1]
-  def ops(dev):
-    a, b = Tensor(vals, dtype=dt, device=dev), Tensor(vals2, dtype=dt, device=dev)
-    out = [a + b, a * b, a.maximum(b), a < b, a == b, (a < b).where(a, b), a.cast(dtypes.float32)]
-    if dt != dtypes.bool: out += [a - b, a.minimum(b) * 3, a.max().reshape(1), a.sum(dtype=dt).reshape(1)]
-    if dtypes.is_int(dt): out += [a // (b.abs() + 1), a % (b.abs() + 1), a & b, a | b, a ^ b, a << 1]
-    if dtypes.is_float(dt): out += [a / (b.abs() + 1), (a.abs() + 1).log(), a.exp(), (a.abs() + 0.5).sqrt(), a.sin(), a.relu(), -a]
-    return [t.cast(dtypes.float32 if dtypes.is_float(dt) else t.dtype) for t in out]
+  def ops(dev): return dtype_ops(dev, dt, dtypes.float32)   # Metal has no float64
   try: want = [t.numpy() for t in ops("CPU")]
   except Exception as e: pytest.skip(f"{name}: tinygrad's own CPU device cannot run it here either ({type(e).__name__})")
   got = [t.numpy() for t in ops(metal)]
@@ -171,49 +161,15 @@ def test_compile_error_reaches_the_user(metal):
 def test_shard_across_two_metal_runners(metal_addr):
   needs_own_metal_runner()
   second = metal_runner_proc()
-  try:
-    r = run_python("""
-import json, numpy as np, client.remote_metal
-from tinygrad import Device, Tensor
-devs = ("METAL:0", "METAL:1")
-x, w = np.arange(64 * 24, dtype=np.float32).reshape(64, 24) / 500, np.linspace(-1, 1, 24 * 8, dtype=np.float32).reshape(24, 8)
-def f(dev, shard):
-  t, tw = Tensor(x, device=dev[0]), Tensor(w, device=dev[0])
-  if shard: t, tw = t.shard(dev, axis=0), tw.shard(dev)
-  return ((t @ tw).relu().sum(axis=0) + t.max()).numpy()
-sharded, local = f(devs, True), f(("CPU",), False)
-print(json.dumps({"err": float(np.abs(sharded - local).max()), "addrs": [Device[d].runner.addr for d in devs],
-                  "kernels": [len(Device[d].runner._names) for d in devs]}))""", {"METAL_RUNNER": f"{metal_addr},{second.addr}"})
-  finally:
-    second.stop()
-  assert r.returncode == 0, r.stderr[-3000:]
-  out = json.loads(r.stdout.splitlines()[-1])
-  assert out["addrs"] == [metal_addr, second.addr] and min(out["kernels"]) >= 2 and out["err"] < 1e-4, out
+  try: shard_across("METAL", metal_addr, second.addr)
+  finally: second.stop()
 
 def test_beam_search_fits_in_few_runner_handles(metal_addr):
   """Defect d on the Metal backend: BEAM's dropped candidates are unloaded, so a search fits a runner allowing 16 handles."""
   needs_own_metal_runner()
   r16 = metal_runner_proc("--max-handles", "16")
-  try:
-    r = run_python("""
-import json, numpy as np, client.remote_metal
-from tinygrad import Device, Tensor
-from tinygrad.helpers import Context
-runner, n = Device["METAL"].runner, {"load": 0, "unload": 0}
-for name in n:
-  def count(*a, _f=getattr(runner, name), _n=name, **kw):
-    n[_n] += 1
-    return _f(*a, **kw)
-  setattr(runner, name, count)
-a, b = np.random.default_rng(9).normal(size=(2, 32, 32)).astype(np.float32)
-with Context(BEAM=2, CACHELEVEL=0): out = (Tensor(a, device="METAL") @ Tensor(b, device="METAL")).numpy()
-Device["METAL"].synchronize()
-print(json.dumps({"err": float(np.abs(out - a @ b).max()), **n}))""", {"METAL_RUNNER": r16.addr}, timeout=600)
-  finally:
-    r16.stop()
-  assert r.returncode == 0, r.stderr[-3000:]
-  out = json.loads(r.stdout.splitlines()[-1])
-  assert out["err"] < 1e-3 and out["load"] > 16 and out["load"] - out["unload"] <= 2, out
+  try: beam_in_few_handles("METAL", r16.addr, 32)
+  finally: r16.stop()
 
 def test_train_mlp_example(metal_addr):
   r = run_python(f"import runpy, sys; sys.argv = ['train_mlp.py', '--steps', '40']; runpy.run_path({str(ROOT / 'examples' / 'train_mlp.py')!r}, "

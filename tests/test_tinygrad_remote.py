@@ -57,6 +57,19 @@ def test_renderer_follows_the_runner(remote):
 DTYPES = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64"]
 TOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}
 
+def dtype_ops(dev:str, dt, fdt) -> list:
+  """Elementwise ops, comparisons, casts and small reductions over 16 values of dtype dt on device dev (floats cast to fdt)."""
+  from tinygrad import Tensor, dtypes
+  if dt == dtypes.bool: vals = [v % 3 == 1 for v in range(16)]
+  elif dtypes.is_float(dt): vals = [v * 0.375 - 2.5 for v in range(16)]
+  else: vals = [(v * 7) % 11 - (0 if dtypes.is_unsigned(dt) else 5) for v in range(16)]
+  a, b = Tensor(vals, dtype=dt, device=dev), Tensor(vals[::-1], dtype=dt, device=dev)
+  out = [a + b, a * b, a.maximum(b), a < b, a == b, (a < b).where(a, b), a.cast(dtypes.float32)]
+  if dt != dtypes.bool: out += [a - b, a.minimum(b) * 3, a.max().reshape(1), a.sum(dtype=dt).reshape(1)]
+  if dtypes.is_int(dt): out += [a // (b.abs() + 1), a % (b.abs() + 1), a & b, a | b, a ^ b, a << 1]
+  if dtypes.is_float(dt): out += [a / (b.abs() + 1), (a.abs() + 1).log(), a.exp(), (a.abs() + 0.5).sqrt(), a.sin(), a.relu(), -a]
+  return [t.cast(fdt if dtypes.is_float(dt) else t.dtype) for t in out]
+
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("name", DTYPES)
 def test_elementwise_dtypes(remote, name):
@@ -64,17 +77,7 @@ def test_elementwise_dtypes(remote, name):
   dt = getattr(dtypes, name)
   if dt not in Device[remote].renderer.supported_dtypes() & Device["CPU"].renderer.supported_dtypes():
     pytest.skip(f"{name} is not supported by the CPU renderer for this runner")
-  if dt == dtypes.bool: vals = [v % 3 == 1 for v in range(16)]
-  elif dtypes.is_float(dt): vals = [v * 0.375 - 2.5 for v in range(16)]
-  else: vals = [(v * 7) % 11 - (0 if dtypes.is_unsigned(dt) else 5) for v in range(16)]
-  vals2 = vals[::-1]
-  def ops(dev):
-    a, b = Tensor(vals, dtype=dt, device=dev), Tensor(vals2, dtype=dt, device=dev)
-    out = [a + b, a * b, a.maximum(b), a < b, a == b, (a < b).where(a, b), a.cast(dtypes.float32)]
-    if dt != dtypes.bool: out += [a - b, a.minimum(b) * 3, a.max().reshape(1), a.sum(dtype=dt).reshape(1)]
-    if dtypes.is_int(dt): out += [a // (b.abs() + 1), a % (b.abs() + 1), a & b, a | b, a ^ b, a << 1]
-    if dtypes.is_float(dt): out += [a / (b.abs() + 1), (a.abs() + 1).log(), a.exp(), (a.abs() + 0.5).sqrt(), a.sin(), a.relu(), -a]
-    return [t.cast(dtypes.float64 if dtypes.is_float(dt) else t.dtype) for t in out]
+  def ops(dev): return dtype_ops(dev, dt, dtypes.float64)
   try: want = [t.numpy() for t in ops("CPU")]
   except subprocess.CalledProcessError as e:  # e.g. clang < 15 has no __bf16 on x86: the local CPU device cannot run it either
     pytest.skip(f"{name}: this host's clang cannot compile it for tinygrad's own CPU device either ({' '.join(e.cmd[-6:-3])})")
@@ -241,28 +244,32 @@ def test_freed_programs_are_unloaded_but_not_a_graphs(remote, spy):
   dev.synchronize()
   assert progs <= {c[1][0] for c in spy.calls if c[0] == "unload"}, "the JIT is gone: its programs should be unloaded"
 
-@pytest.mark.cpu_only
-def test_beam_search_fits_in_few_runner_handles(daemon_bin):
-  """A BEAM search compiles and times dozens of candidates and drops them. They are unloaded, so it fits in a runner that allows a
-  session 16 handles (buffers, programs and graphs together); when every candidate stayed loaded the search hit ELIMIT."""
-  with runner("--max-handles", "16") as (addr, _):
-    r = run_python("""
+def beam_in_few_handles(device:str, addr:str, n:int=64):
+  """BEAM=2 on an n x n x n matmul through the runner at addr (started with --max-handles 16): checks the result, and that the
+  search loaded more programs than the runner allows handles and left at most 2 loaded."""
+  r = run_python(f"""
 import json, numpy as np, client.remote_metal
 from tinygrad import Device, Tensor
 from tinygrad.helpers import Context
-runner, n = Device["REMOTE"].runner, {"load": 0, "unload": 0}
+runner, n = Device["{device}"].runner, {{"load": 0, "unload": 0}}
 for name in n:
   def count(*a, _f=getattr(runner, name), _n=name, **kw):
     n[_n] += 1
     return _f(*a, **kw)
   setattr(runner, name, count)
-a, b = np.random.default_rng(9).normal(size=(2, 64, 64)).astype(np.float32)
-with Context(BEAM=2, CACHELEVEL=0): out = (Tensor(a, device="REMOTE") @ Tensor(b, device="REMOTE")).numpy()
-Device["REMOTE"].synchronize()
-print(json.dumps({"err": float(np.abs(out - a @ b).max()), **n}))""", {"METAL_RUNNER": addr})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.splitlines()[-1])
-    assert out["err"] < 1e-3 and out["load"] > 16 and out["load"] - out["unload"] <= 2, out
+a, b = np.random.default_rng(9).normal(size=(2, {n}, {n})).astype(np.float32)
+with Context(BEAM=2, CACHELEVEL=0): out = (Tensor(a, device="{device}") @ Tensor(b, device="{device}")).numpy()
+Device["{device}"].synchronize()
+print(json.dumps({{"err": float(np.abs(out - a @ b).max()), **n}}))""", {"METAL_RUNNER": addr}, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.splitlines()[-1])
+  assert out["err"] < 1e-3 and out["load"] > 16 and out["load"] - out["unload"] <= 2, out
+
+@pytest.mark.cpu_only
+def test_beam_search_fits_in_few_runner_handles(daemon_bin):
+  """A BEAM search compiles and times dozens of candidates and drops them. They are unloaded, so it fits in a runner that allows a
+  session 16 handles (buffers, programs and graphs together); when every candidate stayed loaded the search hit ELIMIT."""
+  with runner("--max-handles", "16") as (addr, _): beam_in_few_handles("REMOTE", addr)
 
 @pytest.mark.cpu_only
 def test_rejected_load_is_not_unloaded(daemon_bin):
@@ -309,24 +316,27 @@ print(json.dumps(out))""", {"METAL_RUNNER": cpu_runner, "DEV": "REMOTE"})
   assert "has no runner for index 1" in out["REMOTE:1"]
   assert "METAL needs a runner with the metal backend" in out["METAL"] and cpu_runner in out["METAL"] and "use REMOTE" in out["METAL"]
 
-@pytest.mark.cpu_only
-def test_shard_across_two_runners(daemon_bin):
-  with runner() as (a0, _), runner() as (a1, _):
-    r = run_python("""
+def shard_across(device:str, a0:str, a1:str):
+  """Tensor.shard over DEVICE:0 and DEVICE:1, the runners at a0 and a1, against tinygrad's CPU device; both runners run a shard."""
+  r = run_python(f"""
 import json, numpy as np, client.remote_metal
 from tinygrad import Device, Tensor
-devs = ("REMOTE:0", "REMOTE:1")
+devs = ("{device}:0", "{device}:1")
 x, w = np.arange(64 * 24, dtype=np.float32).reshape(64, 24) / 500, np.linspace(-1, 1, 24 * 8, dtype=np.float32).reshape(24, 8)
 def f(dev, shard):
   t, tw = Tensor(x, device=dev[0]), Tensor(w, device=dev[0])
   if shard: t, tw = t.shard(dev, axis=0), tw.shard(dev)
   return ((t @ tw).relu().sum(axis=0) + t.max()).numpy()
 sharded, local = f(devs, True), f(("CPU",), False)
-print(json.dumps({"err": float(np.abs(sharded - local).max()), "addrs": [Device[d].runner.addr for d in devs],
-                  "kernels": [len(Device[d].runner._names) for d in devs]}))""", {"METAL_RUNNER": f"{a0},{a1}"})
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.splitlines()[-1])
-    assert out["addrs"] == [a0, a1] and min(out["kernels"]) >= 2 and out["err"] < 1e-4, out  # both runners ran their shard
+print(json.dumps({{"err": float(np.abs(sharded - local).max()), "addrs": [Device[d].runner.addr for d in devs],
+                  "kernels": [len(Device[d].runner._names) for d in devs]}}))""", {"METAL_RUNNER": f"{a0},{a1}"})
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.splitlines()[-1])
+  assert out["addrs"] == [a0, a1] and min(out["kernels"]) >= 2 and out["err"] < 1e-4, out  # both runners ran their shard
+
+@pytest.mark.cpu_only
+def test_shard_across_two_runners(daemon_bin):
+  with runner() as (a0, _), runner() as (a1, _): shard_across("REMOTE", a0, a1)
 
 @pytest.mark.cpu_only
 def test_local_runner_by_default(daemon_bin):

@@ -304,15 +304,25 @@ valid_utf8(const uint8_t *s, size_t n)
 
 @end
 
+/* A new string, owned by the caller. */
+static EmuString *
+emu_vstring(const char *fmt, va_list ap)
+{
+	EmuString *s = (EmuString *)[EmuString allocPlain];
+
+	if (vasprintf(&s->utf8, fmt, ap) == -1)
+		abort();
+	return s;
+}
+
 NSString *
 emu_string(const char *fmt, ...)
 {
-	EmuString *s = (EmuString *)[EmuString allocPlain];
+	EmuString *s;
 	va_list ap;
 
 	va_start(ap, fmt);
-	if (vasprintf(&s->utf8, fmt, ap) == -1)
-		abort();
+	s = emu_vstring(fmt, ap);
 	va_end(ap);
 	return [s autorelease];
 }
@@ -347,15 +357,12 @@ NSError *
 emu_error(long code, const char *fmt, ...)
 {
 	EmuError *e = (EmuError *)[EmuError allocPlain];
-	EmuString *s = (EmuString *)[EmuString allocPlain];
 	va_list ap;
 
 	va_start(ap, fmt);
-	if (vasprintf(&s->utf8, fmt, ap) == -1)
-		abort();
+	e->desc = emu_vstring(fmt, ap);
 	va_end(ap);
 	e->code = code;
-	e->desc = s;
 	return [e autorelease];
 }
 

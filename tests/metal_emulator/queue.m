@@ -65,30 +65,35 @@ struct emu_cmd {
 	double t0, t1;
 	struct emu_cmd *cmds;
 	size_t ncmds, capcmds;
-	id encoder;			/* the active encoder, not retained */
+	id encoder;			/* the active EmuEncoder, not retained */
 	char invalid[512];		/* the first validation failure */
 }
 - (void)invalid:(const char *)fmt, ... __attribute__((format(printf, 1, 2)));
 - (struct emu_cmd *)newCommand;
 @end
 
-@interface EmuComputeEncoder : NSObject <MTLComputeCommandEncoder> {
+/* What compute and blit encoders share: their command buffer, and the
+ * rule that an encoder ends before another starts or the buffer commits. */
+@interface EmuEncoder : NSObject {
 @public
 	EmuCommandBuffer *cb;		/* retained */
+	int ended;
+}
++ (id)encoderFor:(EmuCommandBuffer *)cb as:(const char *)what;	/* autoreleased */
+- (void)endEncoding;
+@end
+
+@interface EmuComputeEncoder : EmuEncoder <MTLComputeCommandEncoder> {
+@public
 	EmuPipeline *pipe;		/* retained */
 	EmuBuffer *bufs[EMU_ARG_TABLE];	/* retained */
 	NSUInteger offsets[EMU_ARG_TABLE];
 	void *bytes[EMU_ARG_TABLE];	/* owned copies */
 	NSUInteger lens[EMU_ARG_TABLE];
-	int ended;
 }
 @end
 
-@interface EmuBlitEncoder : NSObject <MTLBlitCommandEncoder> {
-@public
-	EmuCommandBuffer *cb;		/* retained */
-	int ended;
-}
+@interface EmuBlitEncoder : EmuEncoder <MTLBlitCommandEncoder>
 @end
 
 static double
@@ -213,34 +218,12 @@ cmd_release(struct emu_cmd *c)
 
 - (nullable id <MTLComputeCommandEncoder>)computeCommandEncoder
 {
-	EmuComputeEncoder *e;
-
-	if (atomic_load(&status) != MTLCommandBufferStatusNotEnqueued)
-		[self invalid:"computeCommandEncoder on a committed command "
-		    "buffer"];
-	if (encoder != nil)
-		[self invalid:"computeCommandEncoder while another encoder is "
-		    "active: call endEncoding first"];
-	e = (EmuComputeEncoder *)[EmuComputeEncoder alloc];
-	e->cb = [self retain];
-	encoder = e;
-	return [e autorelease];
+	return [EmuComputeEncoder encoderFor:self as:"computeCommandEncoder"];
 }
 
 - (nullable id <MTLBlitCommandEncoder>)blitCommandEncoder
 {
-	EmuBlitEncoder *e;
-
-	if (atomic_load(&status) != MTLCommandBufferStatusNotEnqueued)
-		[self invalid:"blitCommandEncoder on a committed command "
-		    "buffer"];
-	if (encoder != nil)
-		[self invalid:"blitCommandEncoder while another encoder is "
-		    "active: call endEncoding first"];
-	e = (EmuBlitEncoder *)[EmuBlitEncoder alloc];
-	e->cb = [self retain];
-	encoder = e;
-	return [e autorelease];
+	return [EmuBlitEncoder encoderFor:self as:"blitCommandEncoder"];
 }
 
 - (void)dealloc
@@ -264,7 +247,47 @@ cmd_release(struct emu_cmd *c)
 
 @end
 
-/* ---- the compute encoder ---- */
+/* ---- encoders ---- */
+
+@implementation EmuEncoder
+
++ (id)encoderFor:(EmuCommandBuffer *)b as:(const char *)what
+{
+	EmuEncoder *e;
+
+	if (atomic_load(&b->status) != MTLCommandBufferStatusNotEnqueued)
+		[b invalid:"%s on a committed command buffer", what];
+	if (b->encoder != nil)
+		[b invalid:"%s while another encoder is active: call "
+		    "endEncoding first", what];
+	e = [self alloc];
+	e->cb = [b retain];
+	b->encoder = e;
+	return [e autorelease];
+}
+
+- (void)endEncoding
+{
+	if (ended)
+		[cb invalid:"endEncoding called twice"];
+	ended = 1;
+	if (cb->encoder == self)
+		cb->encoder = nil;
+}
+
+- (void)dealloc
+{
+	if (!ended) {
+		[cb invalid:"%s released without endEncoding",
+		    class_getName(emu_class(self))];
+		if (cb->encoder == self)
+			cb->encoder = nil;
+	}
+	[cb release];
+	[super dealloc];
+}
+
+@end
 
 static int
 arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
@@ -439,29 +462,13 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 	}
 }
 
-- (void)endEncoding
-{
-	if (ended)
-		[cb invalid:"endEncoding called twice"];
-	ended = 1;
-	if (cb->encoder == self)
-		cb->encoder = nil;
-}
-
 - (void)dealloc
 {
 	NSUInteger i;
 
-	if (!ended) {
-		[cb invalid:"compute command encoder released without "
-		    "endEncoding"];
-		if (cb->encoder == self)
-			cb->encoder = nil;
-	}
 	for (i = 0; i < EMU_ARG_TABLE; i++)
 		[self clearIndex:i];
 	[pipe release];
-	[cb release];
 	[super dealloc];
 }
 
@@ -512,27 +519,6 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 	c->srcoff = srcoff;
 	c->dstoff = dstoff;
 	c->size = size;
-}
-
-- (void)endEncoding
-{
-	if (ended)
-		[cb invalid:"endEncoding called twice"];
-	ended = 1;
-	if (cb->encoder == self)
-		cb->encoder = nil;
-}
-
-- (void)dealloc
-{
-	if (!ended) {
-		[cb invalid:"blit command encoder released without "
-		    "endEncoding"];
-		if (cb->encoder == self)
-			cb->encoder = nil;
-	}
-	[cb release];
-	[super dealloc];
 }
 
 @end
