@@ -20,7 +20,7 @@ struct emu_arg {
 
 struct emu_dispatch {
 	const struct metal_emu_kernel *k;
-	int threaded;		/* one OS thread per GPU thread */
+	int threaded;		/* a fiber per GPU thread */
 	struct emu_arg args[METAL_EMU_MAX_PARAMS];
 	uint32_t grid[3];	/* threadgroups per grid */
 	uint32_t tg[3];		/* threads per threadgroup */

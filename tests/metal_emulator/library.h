@@ -20,7 +20,7 @@ struct emu_lib *emu_lib_compile(const char *src, size_t len, unsigned version,
 const struct metal_emu_kernel *emu_lib_kernel(struct emu_lib *l,
     const char *name);
 /* Nonzero if the library's kernels synchronize threads (barriers,
- * simdgroup functions) and so need one OS thread per GPU thread. */
+ * simdgroup functions) and so need a fiber per GPU thread. */
 int emu_lib_threaded(const struct emu_lib *l);
 void emu_lib_free(struct emu_lib *l);
 

@@ -10,7 +10,7 @@
  *
  * Threadgroup-wide work (threadgroup_barrier, simdgroup functions) goes
  * through metal_emu_rt, a table the emulator sets after dlopen: every thread
- * of a threadgroup that uses them runs on its own OS thread.
+ * of a threadgroup that uses them runs as a fiber of its own (exec.c).
  */
 #ifndef METAL_EMU_ABI_H
 #define METAL_EMU_ABI_H
