@@ -197,7 +197,8 @@ class RemoteDevice(Compiled):
       self.unloads.append(ent[0])
 
   def new_handle(self) -> int:
-    """A handle for a buffer, program or graph. The runner counts all three against one limit: send the pending Tunloads first."""
+    """A handle for a buffer, program or graph (one counter for all three, so a number is never reused). The runner limits each
+    namespace to Rhello.maxhandles; the pending Tunloads go out first, so the programs' namespace never holds more than it must."""
     self.send_unloads()
     return self.runner.new_handle()
   def send_unloads(self):

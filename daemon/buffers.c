@@ -60,7 +60,7 @@ sess_alloc(struct session *s, const struct proto_talloc *t)
 	if (mr_mem_reserve(s->slot, t->size, s->ctx->cfg->session_mem,
 	    s->err) == -1)
 		return sess_errorf(s, tag, PROTO_ELIMIT, "%s", s->err);
-	if (sess_count_handle(s, tag) == -1)
+	if (sess_count_handle(s, tag, &s->nbufs, "buffers") == -1)
 		goto fail;
 	if ((b = calloc(1, sizeof(*b))) == NULL) {
 		sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
@@ -81,7 +81,7 @@ sess_alloc(struct session *s, const struct proto_talloc *t)
 	s->mem += t->size;
 	return 0;
 fail_handle:
-	s->nhandles--;
+	s->nbufs--;
 fail:
 	mr_mem_release(s->slot, t->size);
 	return -1;
@@ -93,7 +93,7 @@ free_buffer(struct session *s, struct buffer *b)
 	s->be->free(s->bs, b->b);
 	mr_mem_release(s->slot, b->size);
 	s->mem -= b->size;
-	s->nhandles--;
+	s->nbufs--;
 	free(b);
 }
 

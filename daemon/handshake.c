@@ -6,9 +6,17 @@
  * nonce, and Tauth must follow: an HMAC-SHA256 of both nonces under the
  * token, each way. A wrong MAC ends the session after the penalty wait
  * shared by all sessions (mr_auth_penalty, slots.c).
+ *
+ * Until the handshake is done the connection counts against the runner's
+ * startup limit, not its session limit (server.c); completing it takes a
+ * session place, or ends the connection with ELIMIT if there is none.
  */
+#ifdef __linux__
+#include <sys/random.h>
+#endif
 #include <sys/types.h>
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,11 +25,35 @@
 
 #include "session.h"
 
+/* The handshake is done: become a session, if the runner has room. */
+static int
+admit(struct session *s, uint32_t tag)
+{
+	if (mr_session_admit(s->slot) == 0)
+		return 0;
+	mr_log_handshake("refusing %s: %u sessions is the limit", s->peer,
+	    s->ctx->cfg->max_sessions);
+	return sess_fatal(s, tag, PROTO_ELIMIT, "the runner is serving as "
+	    "many sessions as it allows; try again later");
+}
+
 static void
 random_bytes(uint8_t *p, size_t n)
 {
 #if defined(__APPLE__) || defined(__OpenBSD__)
 	arc4random_buf(p, n);
+#elif defined(__linux__)
+	/* No file to open: a confined session may not (confine.c). */
+	ssize_t r;
+
+	while (n > 0) {
+		if ((r = getrandom(p, n, 0)) == -1 && errno == EINTR)
+			continue;
+		if (r <= 0)	/* unreachable on a working system */
+			abort();
+		p += r;
+		n -= (size_t)r;
+	}
 #else
 	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
 	ssize_t r = 0;
@@ -65,6 +97,8 @@ sess_hello(struct session *s, const union proto_msg *m)
 		    "%u", t->maxmsg, PROTO_MIN_MAXMSG);
 		return sess_fatal(s, m->h.tag, PROTO_EINVAL, text);
 	}
+	if (cfg->token == NULL && admit(s, m->h.tag) == -1)
+		return -1;
 	s->maxmsg = t->maxmsg < cfg->maxmsg ? t->maxmsg : cfg->maxmsg;
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RHELLO;
@@ -132,6 +166,8 @@ sess_auth(struct session *s, const union proto_msg *m, const char *peer)
 		return sess_fatal(s, m->h.tag, PROTO_EAUTH, "authentication "
 		    "failed: wrong token");
 	}
+	if (admit(s, m->h.tag) == -1)
+		return -1;
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RAUTH;
 	r.h.tag = m->h.tag;

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "confine.h"
 #include "session.h"
 
 /* Process isolation: a kernel that crashes or overruns its time ends its
@@ -47,6 +48,17 @@ scratch(struct session *s, size_t nlaunch, size_t nargs)
 	return 0;
 }
 
+static int
+zero_dim(const struct proto_launch *pl)
+{
+	unsigned i;
+
+	for (i = 0; i < 3; i++)
+		if (pl->global[i] == 0 || pl->local[i] == 0)
+			return 1;
+	return 0;
+}
+
 /* Resolve one launch record's handles into l, checking everything the
  * backend will trust. bufs/offs have room for l->nbufs entries. */
 static int
@@ -65,10 +77,9 @@ resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
 		return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s takes %u "
 		    "buffers and %u values; the launch passed %u and %u",
 		    p->name, p->nbufs, p->nvals, pl->nbufs, pl->nvals);
-	for (i = 0; i < 3; i++)
-		if (pl->global[i] == 0 || pl->local[i] == 0)
-			return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s: "
-			    "launch size has a zero dimension", p->name);
+	if (zero_dim(pl))
+		return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s: "
+		    "launch size has a zero dimension", p->name);
 	for (i = 0; i < pl->nbufs; i++) {
 		struct buffer *b = htab_get(&s->bufs, args[i].handle);
 		if (b == NULL)
@@ -141,6 +152,7 @@ sess_crash_signal(int sig)
 	const char *what = sig == SIGSEGV ? "crashed: SIGSEGV" :
 	    sig == SIGBUS ? "crashed: SIGBUS" : sig == SIGILL ?
 	    "crashed: SIGILL" : sig == SIGFPE ? "crashed: SIGFPE" :
+	    sig == SIGSYS ? confine_sigsys_text :
 	    sig == SIGALRM ? "ran past the runner's kernel time limit" :
 	    "crashed";
 	static char text[PROTO_MAX_ERRTEXT + 1];
@@ -182,8 +194,10 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	union proto_msg r;
 
 	if (proto_get_launch(frame, m->h.size, &off, &pl, args, vals,
-	    s->err) == -1 || off != m->h.size)
-		return sess_fatal(s, m->h.tag, PROTO_EPROTO, s->err);
+	    s->err) == -1 || off != m->h.size) {
+		sess_fatal(s, m->h.tag, PROTO_EPROTO, s->err);
+		return -2;	/* a framing error ends the session */
+	}
 	if (resolve(s, m->h.tag, &pl, args, vals, &l, bufs, offs,
 	    &name) == -1)
 		return wait ? sess_fail_reply(s) : -1;
@@ -239,23 +253,27 @@ sess_graph(struct session *s, const struct proto_tgraph *t,
 	/* Check the records' framing before anything else. */
 	for (i = 0; i < t->count; i++)
 		if (proto_get_launch(frame, t->h.size, &off, &pl, args, vals,
-		    s->err) == -1)
-			return sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
-	if (off != t->h.size)
-		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "Tgraph records "
-		    "do not fill the frame");
+		    s->err) == -1) {
+			sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
+			return -2;
+		}
+	if (off != t->h.size) {
+		sess_fatal(s, t->h.tag, PROTO_EPROTO, "Tgraph records do not "
+		    "fill the frame");
+		return -2;
+	}
 	if (htab_get(&s->graphs, t->graph) != NULL)
 		return sess_errorf(s, t->h.tag, PROTO_EEXIST,
 		    "graph handle %u is already in use", t->graph);
 	if (t->count == 0)
 		return sess_errorf(s, t->h.tag, PROTO_EINVAL,
 		    "graph has no kernels");
-	if (sess_count_handle(s, t->h.tag) == -1)
+	if (sess_count_handle(s, t->h.tag, &s->ngraphs, "graphs") == -1)
 		return -1;
 	if ((g = calloc(1, sizeof(*g))) == NULL ||
 	    (g->e = calloc(t->count, sizeof(*g->e))) == NULL) {
 		free(g);
-		s->nhandles--;
+		s->ngraphs--;
 		return sess_errorf(s, t->h.tag, PROTO_ENOMEM,
 		    "out of host memory");
 	}
@@ -286,6 +304,12 @@ sess_graph(struct session *s, const struct proto_tgraph *t,
 			    p->nvals, e->l.nbufs, e->l.nvals);
 			goto fail;
 		}
+		if (zero_dim(&e->l)) {
+			sess_errorf(s, t->h.tag, PROTO_EINVAL, "graph entry "
+			    "%zu: kernel %s: launch size has a zero dimension",
+			    i, p->name);
+			goto fail;
+		}
 	}
 	if (htab_put(&s->graphs, t->graph, g) == -1) {
 		sess_errorf(s, t->h.tag, PROTO_ENOMEM, "out of host memory");
@@ -294,7 +318,7 @@ sess_graph(struct session *s, const struct proto_tgraph *t,
 	return 0;
 fail:
 	free_graph(g, NULL);
-	s->nhandles--;
+	s->ngraphs--;
 	return -1;
 }
 
@@ -355,9 +379,10 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	}
 	/* All patches are checked before any is applied. */
 	for (i = 0; i < t->count; i++)
-		if (proto_get_patch(body, blen, i, &p, s->err) == -1)
-			return sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
-		else if (check_patch(s, t->h.tag, g, &p) == -1)
+		if (proto_get_patch(body, blen, i, &p, s->err) == -1) {
+			sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
+			return -2;
+		} else if (check_patch(s, t->h.tag, g, &p) == -1)
 			return wait ? sess_fail_reply(s) : -1;
 	for (i = 0; i < t->count; i++) {
 		struct graph_entry *e;
@@ -420,7 +445,7 @@ sess_graphfree(struct session *s, const struct proto_tgraphfree *t)
 		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
 		    "no graph with handle %u", t->graph);
 	free_graph(g, NULL);
-	s->nhandles--;
+	s->ngraphs--;
 	return 0;
 }
 

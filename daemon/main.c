@@ -29,12 +29,22 @@ usage(FILE *f)
 "      --max-msg BYTES     largest frame (default 64M)\n"
 "      --session-mem BYTES buffer memory per session (default: no limit)\n"
 "      --total-mem BYTES   buffer memory of all sessions (default: device)\n"
-"      --max-handles N     buffers, programs and graphs per session (65536)\n"
+"      --max-handles N     buffers, and programs, and graphs: each, per\n"
+"                          session (default 65536)\n"
 "      --max-sessions N    sessions at once (default 64)\n"
+"      --max-startups N    connections in their handshake at once\n"
+"                          (default: --max-sessions, at least 10)\n"
+"      --handshake-timeout S\n"
+"                          close a connection that has not finished its\n"
+"                          handshake in S seconds (default 10; 0: never)\n"
 "      --frame-timeout S   end a session stalled mid-frame (default 60)\n"
 "      --idle-timeout S    end a session idle this long (default: never)\n"
 "      --kernel-timeout S  end a session whose CPU kernel runs longer\n"
 "                          (process isolation; default: no limit)\n"
+"      --user NAME         run session processes as this user (a runner\n"
+"                          started as root; without it they run as root)\n"
+"      --no-confine        do not restrict the system calls of session\n"
+"                          processes (Linux: seccomp; for valgrind)\n"
 "  -h, --help              show this help\n"
 "  -V, --version           show the version\n"
 "\n"
@@ -130,7 +140,8 @@ int
 main(int argc, char **argv)
 {
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
-	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME };
+	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
+	    O_HTIME, O_USER, O_NOCONFINE };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
@@ -145,9 +156,13 @@ main(int argc, char **argv)
 		{ "total-mem", required_argument, NULL, O_TMEM },
 		{ "max-handles", required_argument, NULL, O_HANDLES },
 		{ "max-sessions", required_argument, NULL, O_SESSIONS },
+		{ "max-startups", required_argument, NULL, O_STARTUPS },
+		{ "handshake-timeout", required_argument, NULL, O_HTIME },
 		{ "frame-timeout", required_argument, NULL, O_FTIME },
 		{ "idle-timeout", required_argument, NULL, O_ITIME },
 		{ "kernel-timeout", required_argument, NULL, O_KTIME },
+		{ "user", required_argument, NULL, O_USER },
+		{ "no-confine", no_argument, NULL, O_NOCONFINE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 }
@@ -227,6 +242,16 @@ main(int argc, char **argv)
 				goto bad;
 			cfg.max_sessions = (uint32_t)n;
 			break;
+		case O_STARTUPS:
+			if (parse_int(optarg, 1, 4096, &n) == -1)
+				goto bad;
+			cfg.max_startups = (uint32_t)n;
+			break;
+		case O_HTIME:
+			if (parse_int(optarg, 0, 86400,
+			    &cfg.handshake_timeout) == -1)
+				goto bad;
+			break;
 		case O_FTIME:
 			if (parse_int(optarg, 1, 86400, &cfg.frame_timeout) == -1)
 				goto bad;
@@ -238,6 +263,12 @@ main(int argc, char **argv)
 		case O_KTIME:
 			if (parse_int(optarg, 0, 1 << 30, &cfg.kernel_timeout) == -1)
 				goto bad;
+			break;
+		case O_USER:
+			cfg.user = optarg;
+			break;
+		case O_NOCONFINE:
+			cfg.no_confine = 1;
 			break;
 		case 'h':
 			usage(stdout);

@@ -26,9 +26,17 @@ struct mr_config {
 	uint64_t total_mem;		/* bytes of buffers in all sessions, 0: device memory */
 	uint32_t max_handles;		/* handles per session */
 	uint32_t max_sessions;		/* sessions at once */
+	uint32_t max_startups;		/* connections in their handshake at
+					 * once, 0: max(10, max_sessions) */
+	int handshake_timeout;		/* seconds to complete Thello (and
+					 * Tauth), 0: forever */
 	int frame_timeout;		/* seconds a half-received frame may stall */
 	int idle_timeout;		/* seconds a session may be idle, 0: forever */
 	int kernel_timeout;		/* seconds a CPU kernel may run, 0: forever */
+	const char *user;		/* session processes switch to this user
+					 * (a runner started as root), NULL: none */
+	int no_confine;			/* 1: no system call filter in session
+					 * processes (confine.c) */
 	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
 	size_t tokenlen;
 	/* Called once the socket listens, with the bound port. */
@@ -50,6 +58,13 @@ int mr_mem_reserve(int slot, uint64_t n, uint64_t session_limit, char *err);
 void mr_mem_release(int slot, uint64_t n);
 /* Sleep so failed authentications of all sessions answer 1 s apart. */
 void mr_auth_penalty(void);
+/* Count the session in slot once its handshake is done; -1: at the limit. */
+int mr_session_admit(int slot);
+void mr_session_leave(int slot);
+/* Log a refused or timed-out handshake, at most one line a second. */
+void mr_log_handshake(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
+void mr_log_handshake_flush(void);
 
 /* session.c */
 struct mr_server_ctx {

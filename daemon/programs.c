@@ -25,6 +25,51 @@ kind_name(unsigned kind)
 	return "unknown";
 }
 
+/*
+ * Strict UTF-8 (RFC 3629): the shortest form only, no surrogates
+ * (U+D800..U+DFFF), nothing above U+10FFFF. A name goes into later error
+ * texts, and every Rerror text must be UTF-8 (protocol.md, Encoding).
+ */
+static int
+utf8_valid(const uint8_t *p, size_t n)
+{
+	size_t i = 0, len, k;
+	uint32_t c, min;
+
+	while (i < n) {
+		c = p[i];
+		if (c < 0x80) {
+			i++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf) {
+			len = 2;
+			c &= 0x1f;
+			min = 0x80;
+		} else if (c >= 0xe0 && c <= 0xef) {
+			len = 3;
+			c &= 0x0f;
+			min = 0x800;
+		} else if (c >= 0xf0 && c <= 0xf4) {
+			len = 4;
+			c &= 0x07;
+			min = 0x10000;
+		} else
+			return 0;	/* continuation, overlong lead, > 0xf4 */
+		if (n - i < len)
+			return 0;
+		for (k = 1; k < len; k++) {
+			if ((p[i + k] & 0xc0) != 0x80)
+				return 0;
+			c = c << 6 | (p[i + k] & 0x3f);
+		}
+		if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+			return 0;
+		i += len;
+	}
+	return 1;
+}
+
 int
 sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 {
@@ -51,6 +96,9 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	    memchr(body, '\0', t->namelen) != NULL)
 		return sess_errorf(s, tag, PROTO_EINVAL, "kernel name must be "
 		    "1 to %u bytes with no NUL", PROTO_MAX_NAME);
+	if (!utf8_valid(body, t->namelen))
+		return sess_errorf(s, tag, PROTO_EINVAL, "kernel name is not "
+		    "valid UTF-8");
 	if (t->datalen == 0)
 		return sess_errorf(s, tag, PROTO_EINVAL,
 		    "program data is empty");
@@ -63,10 +111,10 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	if (proto_crc32(0, body + t->namelen, t->datalen) != t->crc)
 		return sess_errorf(s, tag, PROTO_EPROGRAM, "program data is "
 		    "corrupt: CRC-32 mismatch");
-	if (sess_count_handle(s, tag) == -1)
+	if (sess_count_handle(s, tag, &s->nprogs, "programs") == -1)
 		return -1;
 	if ((p = calloc(1, sizeof(*p))) == NULL) {
-		s->nhandles--;
+		s->nprogs--;
 		return sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
 	}
 	memcpy(p->name, body, t->namelen);
@@ -102,7 +150,7 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	    kind_name(t->kind), t->datalen);
 	return 0;
 fail:
-	s->nhandles--;
+	s->nprogs--;
 	free(p);
 	return -1;
 }
@@ -111,7 +159,7 @@ static void
 free_program(struct session *s, struct program *p)
 {
 	s->be->unload(s->bs, p->p);
-	s->nhandles--;
+	s->nprogs--;
 	free(p);
 }
 

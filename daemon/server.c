@@ -13,7 +13,18 @@
  * which is why the CPU backend does not use it unless asked.
  *
  * The session table, its memory limits and the authentication penalty
- * are slots.c's; this file takes a slot for each session and frees it.
+ * are slots.c's; this file takes a slot for each connection and frees it.
+ *
+ * Handshakes: a connection is a session only once its Thello (and Tauth)
+ * is done, and until then it counts against --max-startups, not
+ * --max-sessions, so connections that never speak cannot lock clients
+ * out. The handshake runs in the session itself, in either mode, under a
+ * deadline of --handshake-timeout (session.c); the session then moves its
+ * slot to the session count, or ends with ELIMIT if that is full
+ * (handshake.c). Doing it here before the fork instead would mean an
+ * event loop of half-done handshakes, parsing untrusted bytes and sleeping
+ * out authentication penalties in the one process that must not fail; a
+ * fork per startup costs little next to that, and is bounded by the limit.
  */
 #ifdef __linux__
 #include <sys/prctl.h>
@@ -32,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "confine.h"
 #include "metal_runner.h"
 #include "proto.h"
 #include "slots.h"
@@ -66,6 +78,7 @@ mr_config_defaults(struct mr_config *cfg)
 	cfg->max_handles = 65536;
 	cfg->max_sessions = 64;
 	cfg->frame_timeout = 60;
+	cfg->handshake_timeout = 10;
 }
 
 const struct backend *
@@ -153,7 +166,8 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
     int slot, const char *peer)
 {
 	struct sigaction sa;
-	int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGALRM };
+	int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGALRM };
+	char err[PROTO_ERRLEN];
 	size_t i;
 
 	close(lfd);
@@ -174,6 +188,14 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
 		sigaction(sigs[i], &sa, NULL);
 	sess_crash_handlers = 1;
+	/* Before the first byte from the client is read: a kernel is code
+	 * from the client, and so is anything a parser bug would run. */
+	if (confine_session(ctx->cfg, err) == -1) {
+		log_warn("session %u: %s", id, err);
+		refuse(fd, PROTO_EDEVICE, "the runner cannot start a confined "
+		    "session; its log says why");
+		_exit(1);
+	}
 	sess_serve(ctx, fd, id, slot, peer);
 	_exit(0);
 }
@@ -225,7 +247,7 @@ mr_serve(const struct mr_config *cfg)
 	struct sigaction sa;
 	enum be_isolation iso;
 	char err[PROTO_ERRLEN], peer[64];
-	uint32_t next_id = 1;
+	uint32_t next_id = 1, max_startups;
 	int lfd = -1, port = 0, rc = -1;
 
 	log_verbose = cfg->verbose;
@@ -243,14 +265,22 @@ mr_serve(const struct mr_config *cfg)
 		    ctx.be->name);
 		return -1;
 	}
+	/* --user and confinement are checked here, so that an embedding
+	 * program gets them as the command line does. */
+	if (confine_init(cfg) == -1)
+		return -1;
 	if (ctx.be->open(&info, cfg->device, err) == -1) {
 		log_warn("cannot open the %s backend: %s", ctx.be->name, err);
 		return -1;
 	}
 	ctx.info = &info;
+	/* By default a burst of as many clients as there may be sessions can
+	 * all be in their handshake, and a few more. */
+	max_startups = cfg->max_startups ? cfg->max_startups :
+	    cfg->max_sessions > 10 ? cfg->max_sessions : 10;
 
-	if (mr_mem_init(cfg->max_sessions, cfg->total_mem ? cfg->total_mem :
-	    info.memory) == -1) {
+	if (slot_init(cfg->max_sessions, max_startups, cfg->total_mem ?
+	    cfg->total_mem : info.memory) == -1) {
 		log_warn("cannot map session table: %s", strerror(errno));
 		goto out;
 	}
@@ -276,10 +306,11 @@ mr_serve(const struct mr_config *cfg)
 
 	while (!stopping) {
 		struct pollfd pfd = { lfd, POLLIN, 0 };
-		int fd, slot, n;
+		int fd, slot, n, full;
 
 		if (iso == BE_ISOLATE_PROCESS)
 			reap(0);
+		mr_log_handshake_flush();
 		n = poll(&pfd, 1, 500);
 		if (n <= 0)
 			continue;
@@ -289,18 +320,30 @@ mr_serve(const struct mr_config *cfg)
 			close(fd);
 			continue;
 		}
+		/* A full session table is told at once, before a handshake it
+		 * could not use; too many handshakes are refused without
+		 * touching the sessions' places. */
 		pthread_mutex_lock(&slots_lock);
-		slot = slot_take();
-		if (slot != -1) {
+		if ((full = slot_sessions() >= cfg->max_sessions) ||
+		    slot_starting() >= max_startups)
+			slot = -1;
+		else if ((slot = slot_take()) != -1) {
 			slot_get(slot)->id = next_id;
 			nactive++;
 		}
 		pthread_mutex_unlock(&slots_lock);
-		if (slot == -1) {
-			log_warn("refusing %s: %u sessions is the limit", peer,
-			    cfg->max_sessions);
+		if (slot == -1 && full) {
+			mr_log_handshake("refusing %s: %u sessions is the limit",
+			    peer, cfg->max_sessions);
 			refuse(fd, PROTO_ELIMIT, "the runner is serving as many "
 			    "sessions as it allows; try again later");
+			continue;
+		}
+		if (slot == -1) {
+			mr_log_handshake("refusing %s: %u connections in their "
+			    "handshake is the limit", peer, max_startups);
+			refuse(fd, PROTO_ELIMIT, "too many connections are in "
+			    "their handshake; try again later");
 			continue;
 		}
 		log_info("session %u: connected from %s", next_id, peer);

@@ -188,19 +188,45 @@ sess_fatal(struct session *s, uint32_t tag, uint32_t code, const char *text)
 	return -1;
 }
 
-/* Wait at most seconds for fd to have something for recv() to return
+/* Wait at most ms for fd to have something for recv() to return
  * (data, end of stream or an error): 1 if it has, 0 on timeout. */
 static int
-wait_readable(int fd, int seconds)
+wait_readable(int fd, int64_t ms)
 {
 	struct pollfd pfd = { fd, POLLIN, 0 };
 	int n;
 
 	do
-		n = poll(&pfd, 1, seconds > INT_MAX / 1000 ? INT_MAX :
-		    seconds * 1000);
+		n = poll(&pfd, 1, ms > INT_MAX ? INT_MAX : (int)ms);
 	while (n == -1 && errno == EINTR);
 	return n != 0;
+}
+
+static int64_t
+mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Until the handshake is done every wait ends at its deadline, however
+ * the bytes trickle in: a connection that never finishes it holds one of
+ * the runner's few startup places (server.c) only for so long. */
+static int
+handshake_wait(struct session *s)
+{
+	int64_t left;
+
+	if (s->state == S_READY || s->hs_deadline == 0)
+		return 0;
+	left = s->hs_deadline - mono_ms();
+	if (left > 0 && wait_readable(s->fd, left))
+		return 0;
+	mr_log_handshake("session %u: closing %s: no handshake within %d s",
+	    s->id, s->peer, s->ctx->cfg->handshake_timeout);
+	return -1;
 }
 
 /*
@@ -226,12 +252,12 @@ need(struct session *s, size_t n, int boundary)
 			log_warn("session %u: out of memory", s->id);
 			return -1;
 		}
-		if (sess_flush(s) == -1)
+		if (sess_flush(s) == -1 || handshake_wait(s) == -1)
 			return -1;
 		/* Between frames the idle limit applies; the socket's receive
 		 * timeout is the frame timeout, which may be longer. */
 		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
-		    !wait_readable(s->fd, cfg->idle_timeout)) {
+		    !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
 			log_warn("session %u: client stalled between frames "
 			    "for %d s; ending the session", s->id,
 			    cfg->idle_timeout);
@@ -302,15 +328,18 @@ sess_take(struct session *s, uint8_t *dst, uint64_t count)
 	return 0;
 }
 
+/* Take one handle of a namespace whose count is *n: maxhandles applies
+ * to each namespace (buffers, programs, graphs) on its own. */
 int
-sess_count_handle(struct session *s, uint32_t tag)
+sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
+    const char *what)
 {
 	uint32_t max = s->ctx->cfg->max_handles;
 
-	if (max != 0 && s->nhandles >= max)
+	if (max != 0 && *n >= max)
 		return sess_errorf(s, tag, PROTO_ELIMIT,
-		    "session has %u handles, the limit", max);
-	s->nhandles++;
+		    "session has %u %s, the limit", max, what);
+	(*n)++;
 	return 0;
 }
 
@@ -429,6 +458,10 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	s->slot = slot;
 	s->maxmsg = ctx->cfg->maxmsg;
 	s->last_active = time(NULL);
+	s->peer = peer;
+	if (ctx->cfg->handshake_timeout > 0)
+		s->hs_deadline = mono_ms() +
+		    (int64_t)ctx->cfg->handshake_timeout * 1000;
 	if (sess_grow(&s->in, &s->incap, IN_MIN) == -1 ||
 	    (s->bs = s->be->session_open(s->err)) == NULL) {
 		log_warn("session %u: cannot start: %s", id, s->in ?
@@ -494,6 +527,7 @@ done:
 	htab_clear(&s->progs, sess_release_program, s);
 	if (s->bs != NULL)
 		s->be->session_close(s->bs);
+	mr_session_leave(slot);
 	close(fd);
 	free(s->in);
 	free(s->out);

@@ -58,10 +58,12 @@ struct session {
 	uint32_t maxmsg;
 	uint8_t snonce[PROTO_NONCE_SIZE];
 	struct htab bufs, progs, graphs;
-	uint32_t nhandles;
+	uint32_t nbufs, nprogs, ngraphs;	/* handles held, per namespace */
 	uint64_t mem;
 	int dirty;		/* work launched since the last sync */
 	time_t last_active;
+	int64_t hs_deadline;	/* ms, monotonic: end of the handshake, 0: none */
+	const char *peer;
 
 	uint8_t *in;
 	size_t incap, inlen, inoff;
@@ -100,7 +102,8 @@ int sess_fail_reply(struct session *s);
 int sess_fatal(struct session *s, uint32_t tag, uint32_t code,
     const char *text);
 int sess_take(struct session *s, uint8_t *dst, uint64_t count);
-int sess_count_handle(struct session *s, uint32_t tag);
+int sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
+    const char *what);
 
 /* handshake.c */
 int sess_hello(struct session *s, const union proto_msg *m);

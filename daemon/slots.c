@@ -1,16 +1,20 @@
 /*
  * slots.c: the session table and what is counted in it for all sessions:
- * buffer memory and the pace of failed authentications.
+ * buffer memory, the number of established sessions, the pace of failed
+ * authentications and of log lines about refused handshakes.
  *
- * The table is a shared anonymous mapping, one slot per session plus the
- * totals, so the limits hold across session processes (process
+ * The table is a shared anonymous mapping, one slot per connection plus
+ * the totals, so the limits hold across session processes (process
  * isolation) and a dead process's share is returned by the parent.
- * server.c takes and frees slots; the sessions reserve and release memory
- * and pay the authentication penalty here, and need nothing of server.c.
+ * server.c takes a slot for each connection it accepts and frees it; the
+ * session moves its slot from its handshake to the session count
+ * (mr_session_admit), reserves and releases memory and pays the
+ * authentication penalty here, and needs nothing of server.c.
  */
 #include <sys/mman.h>
 #include <sys/types.h>
 
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <time.h>
@@ -23,7 +27,11 @@
 struct shared {
 	_Atomic uint64_t total;
 	_Atomic int64_t auth_next;	/* ms: when the next failed auth may answer */
+	_Atomic int64_t log_next;	/* ms: when the next handshake line may go out */
+	_Atomic uint32_t log_dropped;	/* handshake lines left out since */
+	_Atomic uint32_t nsessions;	/* slots in SLOT_SESSION */
 	uint64_t limit;
+	uint32_t max_sessions;
 	uint32_t nslots;
 	struct slot slots[];
 };
@@ -31,12 +39,21 @@ struct shared {
 static struct shared *shared;
 static size_t shared_len;
 
-/* Map the session table: nslots slots and a limit of limit bytes for all
- * sessions together. mr_serve() calls it; a harness that drives
- * sess_serve() directly (tests/fuzz) calls it once itself. */
-int
-mr_mem_init(uint32_t nslots, uint64_t limit)
+static int64_t
+now_ms(void)
 {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Every connection has a slot from accept to close, so the table holds
+ * the sessions and the handshakes; which of them a slot is, is its stage. */
+int
+slot_init(uint32_t nsessions, uint32_t nstartups, uint64_t limit)
+{
+	uint32_t nslots = nsessions + nstartups;
 	size_t len = sizeof(*shared) + nslots * sizeof(struct slot);
 	struct shared *sh;
 	uint32_t i;
@@ -46,12 +63,120 @@ mr_mem_init(uint32_t nslots, uint64_t limit)
 	if (sh == MAP_FAILED)
 		return -1;
 	sh->limit = limit;
+	sh->max_sessions = nsessions;
 	sh->nslots = nslots;
 	for (i = 0; i < nslots; i++)
 		sh->slots[i].fd = -1;
 	shared = sh;
 	shared_len = len;
 	return 0;
+}
+
+/* Map the session table: nslots sessions and a limit of limit bytes for
+ * all of them together. A harness that drives sess_serve() directly
+ * (tests/fuzz) calls it once itself; mr_serve() calls slot_init(). */
+int
+mr_mem_init(uint32_t nslots, uint64_t limit)
+{
+	return slot_init(nslots, 0, limit);
+}
+
+/* The handshake of the connection in slot is complete: count it as a
+ * session, if the session limit has room. */
+int
+mr_session_admit(int slot)
+{
+	uint32_t cur = atomic_load(&shared->nsessions);
+
+	do
+		if (cur >= shared->max_sessions)
+			return -1;
+	while (!atomic_compare_exchange_weak(&shared->nsessions, &cur,
+	    cur + 1));
+	atomic_store(&shared->slots[slot].stage, SLOT_SESSION);
+	return 0;
+}
+
+/* The session has ended: its place counts no more. The session calls it
+ * as it closes and the parent when it frees the slot, whichever is first
+ * (a killed session process never gets to). */
+static void
+leave(int slot, int stage)
+{
+	if (atomic_exchange(&shared->slots[slot].stage, stage) == SLOT_SESSION)
+		atomic_fetch_sub(&shared->nsessions, 1);
+}
+
+void
+mr_session_leave(int slot)
+{
+	leave(slot, SLOT_ENDED);
+}
+
+uint32_t
+slot_sessions(void)
+{
+	return atomic_load(&shared->nsessions);
+}
+
+uint32_t
+slot_starting(void)
+{
+	uint32_t i, n = 0;
+
+	for (i = 0; i < shared->nslots; i++)
+		if (shared->slots[i].busy &&
+		    atomic_load(&shared->slots[i].stage) == SLOT_STARTING)
+			n++;
+	return n;
+}
+
+/*
+ * Anyone who can reach the port can open connections that never finish
+ * their handshake, so the lines about them are rationed: at most one a
+ * second for all sessions and the accept loop, the others counted, and
+ * the count told in the next line or by mr_log_handshake_flush().
+ */
+static int
+log_turn(void)
+{
+	int64_t now = now_ms(), next = atomic_load(&shared->log_next);
+
+	return now >= next && atomic_compare_exchange_strong(&shared->log_next,
+	    &next, now + 1000);
+}
+
+void
+mr_log_handshake(const char *fmt, ...)
+{
+	char line[512];
+	uint32_t n;
+	va_list ap;
+
+	if (!log_turn()) {
+		atomic_fetch_add(&shared->log_dropped, 1);
+		return;
+	}
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if ((n = atomic_exchange(&shared->log_dropped, 0)) > 0)
+		log_warn("%s (and %u more refused or timed-out handshakes "
+		    "not logged)", line, n);
+	else
+		log_warn("%s", line);
+}
+
+void
+mr_log_handshake_flush(void)
+{
+	uint32_t n;
+
+	if (atomic_load(&shared->log_dropped) == 0 || !log_turn())
+		return;
+	if ((n = atomic_exchange(&shared->log_dropped, 0)) > 0)
+		log_warn("%u more refused or timed-out handshakes not logged",
+		    n);
 }
 
 int
@@ -95,11 +220,8 @@ mr_mem_release(int slot, uint64_t n)
 void
 mr_auth_penalty(void)
 {
-	struct timespec ts;
-	int64_t now, cur, start, wait;
+	int64_t now = now_ms(), cur, start, wait;
 
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 	cur = atomic_load(&shared->auth_next);
 	do	/* take the next free second: start..start+1000 */
 		start = cur < now ? now : cur;
@@ -117,6 +239,7 @@ slot_free(int i)
 	uint64_t left = atomic_exchange(&sl->mem, 0);
 
 	atomic_fetch_sub(&shared->total, left);
+	leave(i, SLOT_STARTING);	/* ready for the next connection */
 	sl->busy = 0;
 	sl->pid = 0;
 	sl->fd = -1;

@@ -13,17 +13,26 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+/* Where a connection is: its handshake, its session, or ended. */
+enum slot_stage { SLOT_STARTING, SLOT_SESSION, SLOT_ENDED };
+
 struct slot {
 	_Atomic uint64_t mem;	/* bytes reserved by the session */
+	_Atomic int stage;	/* enum slot_stage, set by the session */
 	pid_t pid;		/* process isolation: the session's process */
 	int fd;			/* thread isolation: the session's socket */
 	uint32_t id;
 	int busy;
 };
 
-/* The table mr_mem_init() mapped. */
+/* Map the table: nsessions sessions and nstartups connections in their
+ * handshake, limit bytes of buffers for all. */
+int slot_init(uint32_t nsessions, uint32_t nstartups, uint64_t limit);
 uint32_t slot_count(void);
 struct slot *slot_get(uint32_t i);
+/* Established sessions; connections still in their handshake. */
+uint32_t slot_sessions(void);
+uint32_t slot_starting(void);
 /* A free slot, marked busy, or -1 if all are busy. */
 int slot_take(void);
 /* Return a finished session's slot and whatever memory it still held. */

@@ -1,10 +1,12 @@
-"""Authentication: daemon/sha256.c against the published test vectors, then the Tauth token exchange end to end.
+"""Authentication: daemon/sha256.c against the published test vectors, the client library's token, what is logged, and who may
+listen where without a token. The token exchange itself (protocol.md, Tauth and Authentication) is a conformance case
+(tests/conformance/test_handshake.py).
 
 sha256.c is compiled with cffi into tests/.build (like tests/cproto.py does with proto.c); its prototypes are read from the
 "sha256.c" section of metal_runner.h, so the header stays the only declaration. The end-to-end tests compute the MACs the
 way protocol.md says, with Python's hmac: a client that follows the spec must get in, anything else must not.
 """
-import hashlib, hmac, os, socket, subprocess, threading, time
+import hashlib, hmac, os, socket, subprocess
 import pytest
 from client import protocol as P
 from client import connection as conn
@@ -82,7 +84,6 @@ def test_hmac_keys_around_the_block_size():
 # ---- the token exchange, end to end
 
 def client_mac(token:bytes, snonce:bytes, cnonce:bytes) -> bytes: return hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
-def server_mac(token:bytes, snonce:bytes, cnonce:bytes) -> bytes: return hmac.new(token, AUTH_SERVER + cnonce + snonce, hashlib.sha256).digest()
 
 def send_auth(c:Raw, token:bytes, cnonce:bytes|None=None, mac:bytes|None=None) -> tuple[int, bytes]:
   cnonce = os.urandom(32) if cnonce is None else cnonce
@@ -98,108 +99,14 @@ def token_file(tmp_path_factory):
 def ar(request, token_file):
   with runner("--isolation", request.param, "--token-file", str(token_file), "-v") as r: yield r
 
-def test_right_token_gets_in_and_the_runner_proves_it_holds_the_token(ar):
+def test_a_failed_authentication_is_logged_with_the_peer(ar):
+  """The exchange itself (EAUTH, the wait, replay, ESTATE before Tauth) is checked by tests/conformance (Authentication)."""
   c = Raw(ar.addr)
-  assert c.info["caps"] & P.CAP_AUTH and c.info["nonce"] != bytes(32)
-  tag, cnonce = send_auth(c, TOKEN)
-  t, f, _ = c.frame()
-  assert (t, f["tag"]) == (P.RAUTH, tag)
-  assert hmac.compare_digest(f["mac"], server_mac(TOKEN, c.info["nonce"], cnonce))
-  assert f["mac"] != server_mac(b"another token", c.info["nonce"], cnonce)
-  c.alloc(1, 32); c.write(1, 0, b"authenticated" * 2)
-  assert c.read(1, 0, 26) == b"authenticated" * 2
-
-def test_every_session_gets_a_fresh_nonce(ar):
-  nonces = {Raw(ar.addr).info["nonce"] for _ in range(5)}
-  assert len(nonces) == 5
-
-def test_wrong_token_is_refused_logged_and_slowed_down(ar):
-  c = Raw(ar.addr)
-  t0 = time.monotonic()
   tag, _ = send_auth(c, b"guess")
-  code, etag, text = c.error()
-  took = time.monotonic() - t0
-  assert (code, etag) == (P.EAUTH, tag) and "wrong token" in text
-  assert took >= 0.9, f"a failed guess cost only {took:.2f} s: no rate limit"
-  assert c.closed()
-  assert "authentication failed from 127.0.0.1" in ar.log_text()
-
-def test_a_failed_guess_slows_only_its_own_session(ar):
-  done = {}
-  def guess():
-    c = Raw(ar.addr)
-    send_auth(c, b"guess")
-    done["code"] = c.error()[0]
-  th = threading.Thread(target=guess)
-  th.start()
-  time.sleep(0.1)
-  t0 = time.monotonic()
-  c = Raw(ar.addr)
-  send_auth(c, TOKEN)
-  assert c.frame()[0] == P.RAUTH and c.ping(b"x") == b"x"
-  assert time.monotonic() - t0 < 0.8, "another client's failed guess delayed this one"
-  th.join(10)
-  assert done.get("code") == P.EAUTH
-
-def test_parallel_guesses_are_answered_one_second_apart(ar):
-  """Failed guesses of all sessions share one clock: opening more connections does not raise the guessing rate."""
-  times = []
-  def guess():
-    c = Raw(ar.addr)
-    send_auth(c, b"guess")
-    assert c.error()[0] == P.EAUTH
-    times.append(time.monotonic())
-  t0 = time.monotonic()
-  ths = [threading.Thread(target=guess) for _ in range(3)]
-  for th in ths: th.start()
-  for th in ths: th.join(15)
-  assert len(times) == 3
-  gaps = [b - a for a, b in zip(sorted([t0] + times), sorted(times))]
-  assert all(g >= 0.85 for g in gaps), f"3 parallel failures answered at {[round(t - t0, 2) for t in sorted(times)]} s"
-
-def test_a_mac_from_another_session_is_refused(ar):
-  """The MAC covers the server's fresh nonce: one seen on the wire cannot be replayed."""
-  a = Raw(ar.addr)
-  tag, cnonce = send_auth(a, TOKEN)
-  mac = client_mac(TOKEN, a.info["nonce"], cnonce)
-  assert a.frame()[0] == P.RAUTH
-  b = Raw(ar.addr)
-  tag, _ = send_auth(b, TOKEN, cnonce=cnonce, mac=mac)
-  assert b.error()[:2] == (P.EAUTH, tag)
-  assert b.closed()
-
-@pytest.mark.parametrize("req", ["ping", "alloc", "hello"])
-def test_any_request_before_tauth_is_estate_and_closes(ar, req):
-  c = Raw(ar.addr)
-  tag = {"ping": lambda: c.req(P.TPING, count=0), "alloc": lambda: c.alloc(1, 16),
-         "hello": lambda: c.req(P.THELLO, magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG)}[req]()
-  code, etag, text = c.error()
-  assert (code, etag) == (P.ESTATE, tag) and "requires authentication" in text
-  assert c.closed()
-
-def test_a_client_that_never_authenticates_cannot_allocate(ar):
-  c = Raw(ar.addr)
-  c.send(P.pack(P.TALLOC, 1, handle=1, bufsize=1 << 20) + P.pack(P.TWRITE, 2, payload_len=4, handle=1, offset=0, count=4) + b"data"
-         + P.pack(P.TREAD, 3, handle=1, offset=0, count=4))  # one send: the runner closes after the first
-  code, tag, _ = c.error()
-  assert (code, tag) == (P.ESTATE, 1)
-  assert c.closed(), "the connection must end at the first request before Tauth"
-  assert f"session {c.info['session']}: closing, freeing 0 buffers (0 bytes)" in ar.log_text()
-
-def test_tauth_after_authentication_is_estate(ar):
-  c = Raw(ar.addr)
-  send_auth(c, TOKEN)
-  assert c.frame()[0] == P.RAUTH
-  tag, _ = send_auth(c, TOKEN)
-  code, etag, text = c.error()
-  assert (code, etag) == (P.ESTATE, tag) and "not expected" in text
-
-def test_tauth_to_a_runner_without_a_token_is_estate():
-  with runner() as r:
-    c = Raw(r.addr)
-    assert not c.info["caps"] & P.CAP_AUTH and c.info["nonce"] == bytes(32)
-    tag, _ = send_auth(c, TOKEN)
-    assert c.error()[:2] == (P.ESTATE, tag)
+  assert c.error()[:2] == (P.EAUTH, tag)
+  log = ar.log_text()
+  assert "authentication failed from 127.0.0.1" in log and f"session {c.info['session']}" in log
+  assert TOKEN.decode() not in log and c.info["nonce"].hex() not in log
 
 def test_runner_client_with_a_token(ar, monkeypatch):
   monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)

@@ -268,13 +268,13 @@ print(json.dumps({{"err": float(np.abs(out - a @ b).max()), **n}}))""", {"METAL_
 @pytest.mark.cpu_only
 def test_beam_search_fits_in_few_runner_handles(daemon_bin):
   """A BEAM search compiles and times dozens of candidates and drops them. They are unloaded, so it fits in a runner that allows a
-  session 16 handles (buffers, programs and graphs together); when every candidate stayed loaded the search hit ELIMIT."""
+  session 16 handles in each namespace; were every candidate kept loaded, the search would hit ELIMIT among the programs."""
   with runner("--max-handles", "16") as (addr, _): beam_in_few_handles("REMOTE", addr)
 
 @pytest.mark.cpu_only
 def test_rejected_load_is_not_unloaded(daemon_bin):
   """A program whose Tload failed holds no handle: dropping it sends no Tunload, whose EHANDLE would fail a later request."""
-  with runner("--max-handles", "2") as (addr, _):
+  with runner("--max-handles", "1") as (addr, _):
     r = run_python("""
 import gc, client.remote_metal
 from tinygrad import Device, Tensor
@@ -283,18 +283,21 @@ from tinygrad.engine.realize import compile_linear
 from tinygrad.uop.ops import Ops
 from client.connection import RunnerError
 dev, al = Device["REMOTE"], Device["REMOTE"].allocator
-prg = next(c.src[0] for c in compile_linear((Tensor.empty(4, device="REMOTE") * 3).contiguous().schedule_linear()).src
-           if c.src[0].op is Ops.PROGRAM)
-elf, (gs, ls), vals = prg.to_elf(), prg.arg.launch_dims({}), prg.arg.vals({})
-bufs = [al._alloc(16, BufferSpec()), al._alloc(16, BufferSpec())]   # the session's 2 handles: no room for the program
-p = dev.runtime(elf)
-try: p(*bufs, global_size=gs, local_size=ls, vals=vals, wait=True)
+def program(k):
+  prg = next(c.src[0] for c in compile_linear((Tensor.empty(4, device="REMOTE") * k).contiguous().schedule_linear()).src
+             if c.src[0].op is Ops.PROGRAM)
+  return prg.to_elf(), prg.arg.launch_dims({}), prg.arg.vals({})
+(elf, (gs, ls), vals), (elf5, _, _) = program(3), program(5)
+buf = al._alloc(16, BufferSpec())
+other = dev.runtime(elf5)   # the session's one program handle
+other(buf, buf, global_size=gs, local_size=ls, vals=vals, wait=True)
+p = dev.runtime(elf)        # no room for a second program
+try: p(buf, buf, global_size=gs, local_size=ls, vals=vals, wait=True)
 except RunnerError as err: print("load failed", err.code_name, err.request)
-del p
+del p, other
 gc.collect()   # the exception's traceback holds p in a cycle
-al._free(bufs.pop(), BufferSpec())
-dev.synchronize()   # nothing to unload: a Tunload would fail with EHANDLE here
-print("ran", dev.runtime(elf)(*bufs, bufs[0], global_size=gs, local_size=ls, vals=vals, wait=True) > 0)""", {"METAL_RUNNER": addr})
+dev.synchronize()   # unloads the other program; nothing to unload for p: a Tunload would fail with EHANDLE here
+print("ran", dev.runtime(elf)(buf, buf, global_size=gs, local_size=ls, vals=vals, wait=True) > 0)""", {"METAL_RUNNER": addr})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "load failed ELIMIT Tload" in r.stdout and "ran True" in r.stdout, r.stdout
 

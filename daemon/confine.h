@@ -1,0 +1,21 @@
+/*
+ * confine.h: confining session processes (confine.c). Private to the
+ * daemon: mr_serve() checks the options at start and server.c confines
+ * each session process; launch.c names a denied system call in ECRASH.
+ */
+#ifndef CONFINE_H
+#define CONFINE_H
+
+#include "metal_runner.h"
+
+/* The crash text for SIGSYS; with confinement on, it names the call. */
+extern char confine_sigsys_text[];
+
+/* At start: check --user and say how sessions are confined; -1 (with a
+ * message on stderr) if the runner must not start. */
+int confine_init(const struct mr_config *cfg);
+/* In a session process, before its first request: switch to --user's
+ * account, then allow only the system calls a session makes. */
+int confine_session(const struct mr_config *cfg, char *err);
+
+#endif

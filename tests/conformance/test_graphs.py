@@ -1,0 +1,187 @@
+"""Tgraph, Tgraphrun/Rgraphrun and Tgraphfree."""
+import pytest
+from conformance.spec import P, section, one_error, ok, fatal, kernel
+from wire import f32
+
+cpu_only = pytest.mark.cpu_only
+
+def rec(prog=1, bufs=((2, 0), (1, 0)), vals=(4,), g=(1, 1, 1), l=(1, 1, 1)) -> bytes: return P.launch_record(prog, list(bufs), list(vals), g, l)
+
+def graph(c, graph:int, *records:bytes, count:int|None=None, flags:int=0) -> int:
+  body = b"".join(records)
+  return c.req(P.TGRAPH, body, flags, graph=graph, count=len(records) if count is None else count)
+
+@pytest.fixture
+def gc(target, c):
+  """A connection with add1 loaded as program 1 and three 16-byte buffers 1, 2, 3; buffer 1 holds 1, 1, 1, 1."""
+  kernel(target, "add1").load(c, 1)
+  for h in (1, 2, 3): c.alloc(h, 16)
+  c.write(1, 0, f32(1, 1, 1, 1))
+  ok(c)
+  return c
+
+# *** Tgraph: framing errors end the connection
+
+OVER = P.launch_record(1, [(1, 0)] * 40, [0] * 24)
+@section("Tgraph", "Robustness rules")
+@pytest.mark.parametrize("body,count", [
+  (rec()[:40], 1),                 # the record's args run past the end of the frame
+  (rec()[:20], 1),                 # not even the record's fixed part fits
+  (rec() + bytes(8), 1),           # bytes left over after the records
+  (rec(), 2),                      # count says 2, the frame holds 1
+  (rec(), 1 << 30),                # a count far larger than the frame could hold
+  (rec(), 0xffffffff),
+  (OVER, 1),                       # a record with 64 arguments
+], ids=["args-past-end", "record-past-end", "bytes-over", "count-2-of-1", "count-2^30", "count-max", "64-arguments"])
+def test_tgraph_framing_error_is_eproto_and_closes(c, body, count):
+  tag = c.req(P.TGRAPH, body, graph=1, count=count)
+  fatal(c, P.EPROTO, tag)
+
+# *** Tgraph: semantic errors, at definition
+
+@section("Tgraph")
+def test_tgraph_count_0_is_einval(c):
+  tag = graph(c, 1, count=0)
+  one_error(c, P.EINVAL, tag)
+
+@section("Tgraph")
+def test_tgraph_naming_no_such_program_is_ehandle(c):
+  tag = graph(c, 1, rec(prog=404))
+  one_error(c, P.EHANDLE, tag)
+
+@section("Tgraph")
+@cpu_only
+def test_tgraph_record_with_other_argument_counts_is_einval(gc):
+  t1 = graph(gc, 1, rec(), rec(bufs=[(1, 0)]))
+  t2 = graph(gc, 2, rec(vals=()))
+  errs = gc.until_pong()
+  assert [e[:2] for e in errs] == [(P.EINVAL, t1), (P.EINVAL, t2)], errs
+
+@section("Tgraph")
+@cpu_only
+@pytest.mark.parametrize("dim", range(6), ids=["gx", "gy", "gz", "lx", "ly", "lz"])
+def test_tgraph_record_with_a_dimension_0_is_einval_at_definition(gc, dim):
+  g, l = [1, 1, 1], [1, 1, 1]
+  (g if dim < 3 else l)[dim % 3] = 0
+  tag = graph(gc, 1, rec(), rec(g=g, l=l))
+  one_error(gc, P.EINVAL, tag)
+  tag = gc.req(P.TGRAPHRUN, graph=1, count=0)   # and no graph was defined
+  one_error(gc, P.EHANDLE, tag)
+
+@section("Tgraph", "Handles")
+@cpu_only
+def test_tgraph_of_a_handle_in_use_is_eexist(gc):
+  graph(gc, 5, rec())
+  tag = graph(gc, 5, rec())
+  one_error(gc, P.EEXIST, tag)
+
+@section("Tgraph")
+@cpu_only
+def test_tgraph_does_not_check_buffers_tgraphrun_does(gc):
+  graph(gc, 1, rec(bufs=[(9, 0), (1, 0)]))   # buffer 9 does not exist yet: accepted
+  ok(gc)
+  tag = gc.req(P.TGRAPHRUN, graph=1, count=0)
+  one_error(gc, P.EHANDLE, tag)
+  gc.alloc(9, 16)
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  assert gc.read(9, 0, 16) == f32(2, 2, 2, 2)
+
+# *** Tgraphrun
+
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
+def test_tgraphrun_runs_in_order_and_patches_stay_applied(gc):
+  graph(gc, 5, rec(bufs=[(2, 0), (1, 0)]), rec(bufs=[(3, 0), (2, 0)]))
+  gc.req(P.TGRAPHRUN, graph=5, count=0)       # no FWAIT: no reply
+  assert gc.read(3, 0, 16) == f32(3, 3, 3, 3)
+  pat = P.patch(0, P.PATCH_BUF, 1, 3, 0) + P.patch(0, P.PATCH_VAL, 0, value=2)
+  tag = gc.req(P.TGRAPHRUN, pat, P.FWAIT, graph=5, count=2)
+  t, f, _ = gc.frame()
+  assert (t, f["tag"]) == (P.RGRAPHRUN, tag) and f["ns"] > 0
+  assert gc.read(2, 0, 16) == f32(4, 4, 2, 2) and gc.read(3, 0, 16) == f32(5, 5, 3, 3)
+  gc.req(P.TGRAPHRUN, graph=5, count=0)       # later runs see the patches
+  assert gc.read(2, 0, 16) == f32(6, 6, 2, 2)
+
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
+def test_tgraphrun_patch_global_and_local(gc):
+  graph(gc, 1, rec())
+  gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_GLOBAL, 1, value=3) + P.patch(0, P.PATCH_LOCAL, 2, value=2), graph=1, count=2)
+  ok(gc)
+
+@section("Tgraphrun, Rgraphrun")
+def test_tgraphrun_of_no_such_graph_is_ehandle_with_or_without_fwait(c):
+  t1 = c.req(P.TGRAPHRUN, graph=77, count=0)
+  one_error(c, P.EHANDLE, t1)
+  t2 = c.req(P.TGRAPHRUN, flags=P.FWAIT, graph=77, count=0)
+  assert c.error()[:2] == (P.EHANDLE, t2)     # the reply it waits for
+  ok(c)
+
+BAD_PATCHES = {
+  "entry-past-count": P.patch(1, P.PATCH_VAL, 0, value=1),
+  "unknown-kind": P.patch(0, 9, 0),
+  "buf-index": P.patch(0, P.PATCH_BUF, 2, 1, 0),
+  "val-index": P.patch(0, P.PATCH_VAL, 1, value=1),
+  "dim-index": P.patch(0, P.PATCH_GLOBAL, 3, value=1),
+  "global-0": P.patch(0, P.PATCH_GLOBAL, 0, value=0),
+  "local-0": P.patch(0, P.PATCH_LOCAL, 1, value=0),
+  "dim-2^32": P.patch(0, P.PATCH_GLOBAL, 0, value=1 << 32),
+}
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
+@pytest.mark.parametrize("bad", BAD_PATCHES.values(), ids=BAD_PATCHES.keys())
+def test_tgraphrun_bad_patch_is_einval_and_applies_none(gc, bad):
+  graph(gc, 1, rec(bufs=[(2, 0), (1, 0)]))
+  tag = gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_VAL, 0, value=1) + bad, graph=1, count=2)
+  one_error(gc, P.EINVAL, tag)
+  assert gc.read(2, 0, 16) == bytes(16), "a Tgraphrun with a bad patch ran"
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  assert gc.read(2, 0, 16) == f32(2, 2, 2, 2), "a patch of a rejected Tgraphrun was applied"
+
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
+def test_tgraphrun_patched_offset_past_the_buffer_is_erange_and_can_be_corrected(gc):
+  graph(gc, 1, rec(bufs=[(2, 0), (1, 0)]))
+  tag = gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_BUF, 0, 2, 17), graph=1, count=1)
+  one_error(gc, P.ERANGE, tag)
+  # offset == size is allowed (with n = 0 the kernel writes nothing there)
+  gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_VAL, 0, value=0) + P.patch(0, P.PATCH_BUF, 0, 2, 16), graph=1, count=2)
+  ok(gc)
+
+@section("Tgraphrun, Rgraphrun", "Tgraph")
+@cpu_only
+def test_tgraphrun_after_a_buffer_or_program_is_gone_is_ehandle(gc):
+  graph(gc, 1, rec(bufs=[(3, 0), (1, 0)]))
+  gc.req(P.TFREE, handle=3)
+  t1 = gc.req(P.TGRAPHRUN, graph=1, count=0)
+  code, tag, text = gc.until_pong()[0]
+  assert (code, tag) == (P.EHANDLE, t1) and "3" in text
+  gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_BUF, 0, 2, 0), graph=1, count=1)    # the patch stays applied; the run succeeds
+  assert gc.read(2, 0, 16) == f32(2, 2, 2, 2)
+  gc.req(P.TUNLOAD, prog=1)
+  t2 = gc.req(P.TGRAPHRUN, graph=1, count=0)
+  one_error(gc, P.EHANDLE, t2)
+
+@section("Tgraphrun, Rgraphrun", "Robustness rules")
+def test_tgraphrun_count_that_disagrees_with_the_size_is_eproto(c):
+  c.send(P.pack(P.TGRAPHRUN, 8, payload_len=24, graph=1, count=2) + bytes(24))
+  fatal(c, P.EPROTO, 8)
+
+# *** Tgraphfree
+
+@section("Tgraphfree")
+def test_tgraphfree_of_no_such_graph_is_ehandle(c):
+  tag = c.req(P.TGRAPHFREE, graph=3)
+  one_error(c, P.EHANDLE, tag)
+
+@section("Tgraphfree", "Handles")
+@cpu_only
+def test_tgraphfree_frees_the_handle(gc):
+  graph(gc, 3, rec())
+  gc.req(P.TGRAPHRUN, graph=3, count=0)
+  gc.req(P.TGRAPHFREE, graph=3)
+  t1 = gc.req(P.TGRAPHRUN, graph=3, count=0)
+  t2 = gc.req(P.TGRAPHFREE, graph=3)
+  assert [e[:2] for e in gc.until_pong()] == [(P.EHANDLE, t1), (P.EHANDLE, t2)]
+  graph(gc, 3, rec())
+  ok(gc)

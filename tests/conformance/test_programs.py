@@ -1,0 +1,285 @@
+"""Tload, Tunload, Tlaunch/Rlaunch, the CPU image format and Metal programs."""
+import struct, time
+import pytest
+from conformance.spec import P, Raw, section, one_error, ok, fatal, kernel, closed
+from wire import f32
+
+cpu_only = pytest.mark.cpu_only
+
+def errors_of(c, tags, codes):
+  got = c.until_pong()
+  assert [(P.ERRORS.get(e, e), t) for e, t, _ in got] == [(P.ERRORS[x], t) for x, t in zip(codes, tags)], got
+  return [text for _, _, text in got]
+
+@section("Tload")
+@cpu_only
+def test_tload_of_a_valid_program_has_no_reply_and_it_runs(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, f32(1, 2, 3, 4))
+  k.load(c, 7)
+  ok(c)
+  c.launch(7, [(1, 0), (2, 0)], [4])
+  assert c.read(1, 0, 16) == f32(2, 3, 4, 5)
+
+@section("Tload")
+@pytest.mark.parametrize("kind", [0, 4, 0xffff])
+def test_tload_unknown_kind_is_einval(c, kind):
+  tag = c.load(1, b"\x90" * 16, "k", kind=kind)
+  one_error(c, P.EINVAL, tag)
+
+@section("Tload")
+def test_tload_kind_not_in_caps_is_ekind(c):
+  caps = c.info["caps"]
+  missing = [k for k, cap in P.PROG_CAPS.items() if not caps & cap]
+  if not missing: pytest.skip("the runner accepts every program kind")
+  tags = [c.load(i, b"kernel void k() {}" if k == P.PROG_METAL_SOURCE else b"MTLB....", "k", kind=k, arch=0) for i, k in enumerate(missing)]
+  texts = errors_of(c, tags, [P.EKIND] * len(tags))
+  if c.info["backend"] == P.BACKEND_CPU and P.PROG_METAL_SOURCE in missing:
+    assert texts[missing.index(P.PROG_METAL_SOURCE)] == "backend cpu does not accept Metal source programs"
+
+def any_program(target):
+  """A Tload body the runner accepts up to the check under test: a real kernel."""
+  return kernel(target, "add1")
+
+@section("Tload", "Limits")
+@cpu_only
+@pytest.mark.parametrize("name", [b"", b"k" * 256, b"a\0b"], ids=["empty", "256-bytes", "nul"])
+def test_tload_bad_name_length_or_nul_is_einval(target, c, name):
+  tag = any_program(target).load(c, 1, name=name)
+  one_error(c, P.EINVAL, tag)
+
+@section("Tload", "Limits")
+@cpu_only
+def test_tload_name_of_255_bytes_is_accepted(target, c):
+  if target.backend != "cpu": pytest.skip("a Metal program's name must be a function of its source")
+  any_program(target).load(c, 1, name=b"k" * 255)
+  ok(c)
+
+@section("Tload", "Encoding", "Rerror")
+@cpu_only
+@pytest.mark.parametrize("name", [b"\xff", b"k\xc0\x80", b"k\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"k\xe2\x82", b"\x80k", b"\xf8\x88\x80\x80\x80"],
+                         ids=["ff", "overlong-2", "overlong-3", "surrogate", "above-10ffff", "truncated", "lone-continuation", "5-byte"])
+def test_tload_name_that_is_not_utf8_is_einval(target, c, name):
+  """Text is UTF-8 (Encoding): a name that is not is refused, so no Rerror text ever carries its bytes."""
+  k = any_program(target)
+  tag = k.load(c, 1, name=name)
+  t2 = c.launch(1, [(1, 0)], [])   # were it loaded: an EINVAL whose text names the kernel
+  got = c.until_pong()             # Raw.error decodes every text as UTF-8, strictly
+  assert [(P.ERRORS.get(e, e), t) for e, t, _ in got][:1] == [("EINVAL", tag)], got
+
+@section("Tload", "Encoding")
+@cpu_only
+def test_tload_name_in_utf8_beyond_ascii_is_accepted(target, c):
+  if target.backend != "cpu": pytest.skip("a Metal program's name must be a function of its source")
+  any_program(target).load(c, 1, name="kérnel_π_𝔸".encode())
+  ok(c)
+
+@section("Tload")
+@cpu_only
+def test_tload_datalen_0_is_einval(target, c):
+  tag = any_program(target).load(c, 1, data=b"")
+  one_error(c, P.EINVAL, tag)
+
+@section("Tload", "Limits")
+@cpu_only
+def test_tload_more_than_63_arguments_is_einval(target, c):
+  tag = any_program(target).load(c, 1, nbufs=60, nvals=4)
+  assert "64" in one_error(c, P.EINVAL, tag)
+
+@section("Tload")
+@cpu_only
+@pytest.mark.parametrize("corearg", [3, 62, 65534])
+def test_tload_corearg_neither_no_core_nor_an_argument_is_einval(target, c, corearg):
+  tag = any_program(target).load(c, 1, corearg=corearg)  # add1 takes 3 arguments
+  one_error(c, P.EINVAL, tag)
+
+@section("Tload")
+@cpu_only
+def test_tload_crc_mismatch_is_eprogram(target, c):
+  k = any_program(target)
+  tag = k.load(c, 1, crc=P.crc32(k.data) ^ 1)
+  assert one_error(c, P.EPROGRAM, tag) == "program data is corrupt: CRC-32 mismatch"
+
+@section("Tload")
+@cpu_only
+def test_tload_cpu_image_for_another_arch_is_eprogram(target, c):
+  if target.backend != "cpu": pytest.skip("CPU images are for CPU runners")
+  k = any_program(target)
+  other = P.ARCH_ARM64 if k.arch != P.ARCH_ARM64 else P.ARCH_X86_64
+  tag = k.load(c, 1, arch=other)
+  assert one_error(c, P.EPROGRAM, tag).endswith(f"image is for {P.ARCHS[other]}, this runner is {P.ARCHS[k.arch]}")
+
+@section("Tload")
+@cpu_only
+def test_tload_cpu_image_entry_not_below_datalen_is_eprogram(target, c):
+  if target.backend != "cpu": pytest.skip("CPU images are for CPU runners")
+  k = any_program(target)
+  tag = k.load(c, 1, entry=len(k.data))
+  one_error(c, P.EPROGRAM, tag)
+
+@section("Tload", "Metal programs")
+def test_tload_metal_entry_bit_at_or_above_nvals_is_eprogram(target, c):
+  if target.backend != "metal": pytest.skip("Metal programs are for Metal runners")
+  k = kernel(target, "add1")
+  tag = k.load(c, 1, entry=1 << k.nvals)
+  one_error(c, P.EPROGRAM, tag)
+
+@section("Tload", "Metal programs")
+def test_tload_metal_source_that_does_not_compile_is_eprogram(target, c):
+  if target.backend != "metal" or not c.info["caps"] & P.CAP_METAL_SOURCE: pytest.skip("needs a Metal runner that takes Metal source")
+  tag = c.load(1, b"kernel void k(device float* o) { this is not Metal }", "k", kind=P.PROG_METAL_SOURCE, arch=0, nvals=0)
+  one_error(c, P.EPROGRAM, tag)
+
+@section("Metal programs")
+def test_metal_program_with_more_than_31_arguments_is_eprogram(target, c):
+  if target.backend != "metal": pytest.skip("the 31-argument table is Metal's; a CPU runner allows 63")
+  k = kernel(target, "add1")
+  tag = k.load(c, 1, nbufs=30, nvals=2)
+  one_error(c, P.EPROGRAM, tag)
+
+@section("Tload", "Handles")
+@cpu_only
+def test_tload_of_a_handle_in_use_is_eexist(target, c):
+  k = any_program(target)
+  k.load(c, 1)
+  tag = k.load(c, 1)
+  one_error(c, P.EEXIST, tag)
+
+@section("Tunload")
+def test_tunload_of_no_such_program_is_ehandle(c):
+  tag = c.req(P.TUNLOAD, prog=31337)
+  one_error(c, P.EHANDLE, tag)
+
+@section("Tunload", "Handles")
+@cpu_only
+def test_tunload_then_the_handle_is_free_and_launches_fail(target, c):
+  k = any_program(target)
+  c.alloc(1, 16)
+  k.load(c, 1)
+  c.launch(1, [(1, 0), (1, 0)], [1])   # submitted before the Tunload: completes
+  c.req(P.TUNLOAD, prog=1)
+  t1 = c.launch(1, [(1, 0), (1, 0)], [1])
+  t2 = c.req(P.TUNLOAD, prog=1)
+  errors_of(c, [t1, t2], [P.EHANDLE, P.EHANDLE])
+  k.load(c, 1)
+  ok(c)
+
+# *** Tlaunch
+
+@section("Tlaunch, Rlaunch")
+@cpu_only
+def test_tlaunch_with_fwait_replies_rlaunch_with_the_time(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, f32(1, 2, 3, 4))
+  k.load(c, 7)
+  tag = c.launch(7, [(1, 0), (2, 0)], [4], wait=True)
+  t, f, _ = c.frame()
+  assert (t, f["tag"]) == (P.RLAUNCH, tag) and 0 < f["ns"] < 10**10
+  assert c.read(1, 0, 16) == f32(2, 3, 4, 5)
+
+@section("Tlaunch, Rlaunch")
+@cpu_only
+def test_tlaunch_argument_offsets_and_values(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 32); c.alloc(2, 32); c.write(2, 0, f32(1, 2, 3, 4, 5, 6, 7, 8))
+  k.load(c, 1)
+  c.launch(1, [(1, 8), (2, 16)], [2])       # out = buffer 1 + 8, a = buffer 2 + 16, n = 2
+  assert c.read(1, 0, 32) == f32(0, 0, 6, 7, 0, 0, 0, 0) or target.backend != "cpu"
+  c.launch(1, [(1, 32), (2, 32)], [0])      # offset == size is allowed
+  ok(c)
+
+@section("Tlaunch, Rlaunch")
+@cpu_only
+def test_tlaunch_errors_ehandle_and_einval_naming_both_counts(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 16)
+  k.load(c, 1)
+  t1 = c.launch(1, [(1, 0)], [4])                  # too few
+  t2 = c.launch(1, [(1, 0), (1, 0), (1, 0)], [4])  # too many
+  t3 = c.launch(2, [(1, 0), (1, 0)], [4])          # no such program
+  t4 = c.launch(1, [(1, 0), (9, 0)], [4])          # no such buffer
+  texts = errors_of(c, [t1, t2, t3, t4], [P.EINVAL, P.EINVAL, P.EHANDLE, P.EHANDLE])
+  assert "add1 takes 2 buffers and 1 values; the launch passed 1 and 1" in texts[0] and "passed 3 and 1" in texts[1]
+
+@section("Tlaunch, Rlaunch")
+@cpu_only
+def test_tlaunch_offset_past_the_buffer_is_erange(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 16)
+  k.load(c, 1)
+  tag = c.launch(1, [(1, 0), (1, 17)], [0], wait=True)
+  code, etag, text = c.error()
+  assert (code, etag) == (P.ERANGE, tag) and "17" in text
+  ok(c)
+
+@section("Tlaunch, Rlaunch")
+@cpu_only
+@pytest.mark.parametrize("dim", range(6))
+def test_tlaunch_dimension_0_is_einval(target, c, dim):
+  k = kernel(target, "add1")
+  c.alloc(1, 16)
+  k.load(c, 1)
+  g, l = [1, 1, 1], [1, 1, 1]
+  (g if dim < 3 else l)[dim % 3] = 0
+  tag = c.launch(1, [(1, 0), (1, 0)], [1], global_size=g, local_size=l)
+  one_error(c, P.EINVAL, tag)
+
+@section("Tlaunch, Rlaunch", "Robustness rules", "Limits")
+def test_tlaunch_record_with_more_than_63_arguments_is_eproto(c):
+  bufs, vals = [(1, 0)] * 40, [0] * 24
+  c.send(P.pack(P.TLAUNCH, 5, payload_len=16 * 40 + 8 * 24, **P.launch_fields(1, bufs, vals)) + P.launch_args(bufs, vals))
+  fatal(c, P.EPROTO, 5)
+
+@section("Tlaunch, Rlaunch", "Isolation")
+@cpu_only
+def test_tlaunch_kernel_crash_is_ecrash_after_queued_errors_and_ends_only_its_session(target):
+  target.needs_process_isolation()
+  other = target.connect()
+  other.alloc(1, 4096); other.write(1, 0, b"kept" * 1024)
+  k = kernel(target, "crash")
+  c = target.connect()
+  c.alloc(1, 16)
+  k.load(c, 1)
+  t0 = c.req(P.TFREE, handle=77)        # still queued when the kernel crashes: sent first
+  tag = c.launch(1, [(1, 0)], wait=True)
+  assert c.error()[:2] == (P.EHANDLE, t0)
+  assert fatal(c, P.ECRASH, tag) == "kernel crash crashed: SIGSEGV"
+  assert other.read(1, 0, 4096) == b"kept" * 1024, "another session lost its data"
+  assert target.connect().ping(b"on") == b"on"
+
+@section("Tlaunch, Rlaunch", "Isolation")
+@cpu_only
+def test_tlaunch_past_the_kernel_time_limit_is_etimeout_and_ends_only_its_session(target):
+  target.needs_process_isolation()
+  t = target.with_options("--kernel-timeout", "1")
+  k = kernel(t, "spin")
+  c = t.connect()
+  c.alloc(1, 16)
+  k.load(c, 1)
+  tag = c.launch(1, [(1, 0)])
+  other = t.connect()
+  assert other.ping(b"ok") == b"ok"      # served while the kernel spins
+  fatal(c, P.ETIMEOUT, tag)
+  assert other.ping(b"ok") == b"ok"
+
+# *** the CPU image format
+
+@section("The CPU image format")
+@cpu_only
+def test_corearg_spreads_global0_calls_over_core_ids(target, c):
+  if target.backend != "cpu": pytest.skip("core ids are the CPU backend's")
+  k = kernel(target, "cores")
+  c.alloc(1, 4 * 16)
+  k.load(c, 1, corearg=1)
+  c.launch(1, [(1, 0)], [0], global_size=(16, 3, 2), local_size=(4, 1, 1))  # global[1], global[2], local are ignored
+  assert struct.unpack("<16i", c.read(1, 0, 64)) == tuple(10 * i for i in range(16))
+
+@section("The CPU image format")
+@cpu_only
+def test_without_corearg_the_value_sent_is_passed(target, c):
+  if target.backend != "cpu": pytest.skip("core ids are the CPU backend's")
+  k = kernel(target, "cores")
+  c.alloc(1, 4 * 16)
+  k.load(c, 1)
+  c.launch(1, [(1, 0)], [5], global_size=(3, 1, 1))
+  assert struct.unpack("<16i", c.read(1, 0, 64)) == tuple(50 if i == 5 else 0 for i in range(16))
