@@ -113,7 +113,7 @@ class RemoteAllocator(LRUAllocator['RemoteDevice']):
   @suppress_finalizing
   def _free(self, opaque, options:BufferSpec):
     self.used -= opaque[2]
-    self.dev.runner.free(opaque[0])
+    self.dev.later("free", opaque[0])   # often from Buffer.__del__: see RemoteDevice.later
   def _copyin(self, dest, src:memoryview): self.dev.runner.write(dest[0], dest[1], src)
   def _copyout(self, dest:memoryview, src): self.dev.runner.read(src[0], src[1], dest)
   def _offset(self, buf, size:int, offset:int): return (buf[0], buf[1] + offset, size)
@@ -152,8 +152,7 @@ class RemoteGraph(GraphRunner):
 
   @suppress_finalizing
   def __del__(self):
-    if self.gid is not None and not self.dev.runner_closed:
-      with contextlib.suppress(RunnerConnectionError): self.dev.runner.graph_free(self.gid)
+    if self.gid is not None: self.dev.later("graph_free", self.gid)
 
 class RemoteDevice(Compiled):
   def __init__(self, device:str):
@@ -163,7 +162,7 @@ class RemoteDevice(Compiled):
     # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
     self.runner, self.runner_closed = Runner(addrs[idx] if addrs else start_local_runner(want)), False
     self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]
-    self.unloads: list[int] = []                 # handles of programs no RemoteProgram uses any more, not yet unloaded
+    self.pending: list[tuple[str, int]] = []     # Tunload/Tfree/Tgraphfree requests not sent yet (see later())
     # the renderer follows the runner: a mismatch is an error now, not a kernel the runner rejects later
     info, cap = self.runner.info, (CAP_METAL_SOURCE if METAL_SOURCE else CAP_METALLIB) if self.is_metal else CAP_CPU_IMAGE
     if info.backend != want or not info.caps & cap:
@@ -188,24 +187,31 @@ class RemoteDevice(Compiled):
     return key, ent[0]
 
   def release(self, key:bytes):
-    """Drops a reference from load(); the last one queues the program's Tunload. It runs in __del__, maybe from the garbage collector
-    inside a Runner call that is writing a frame, so the Tunload is sent later, by new_handle() or synchronize()."""
+    """Drops a reference from load(); the last one queues the program's Tunload."""
     if self.runner_closed or (ent:=self.programs.get(key)) is None: return
     ent[1] -= 1
     if ent[1] == 0:
       del self.programs[key]
-      self.unloads.append(ent[0])
+      self.later("unload", ent[0])
+
+  def later(self, request:str, handle:int):
+    """Queue a Tunload, Tfree or Tgraphfree (the Runner method's name) for handle. They are asked for from __del__, which the garbage
+    collector may run in the middle of a Runner call that is writing a frame: sent then, the request would land inside that frame. So
+    they go out with the next request that takes a handle (new_handle()) or at synchronize(); none needs a reply."""
+    if not self.runner_closed: self.pending.append((request, handle))
 
   def new_handle(self) -> int:
     """A handle for a buffer, program or graph (one counter for all three, so a number is never reused). The runner limits each
-    namespace to Rhello.maxhandles; the pending Tunloads go out first, so the programs' namespace never holds more than it must."""
-    self.send_unloads()
+    namespace to Rhello.maxhandles; the pending releases go out first, so no namespace holds more than it must."""
+    self.send_pending()
     return self.runner.new_handle()
-  def send_unloads(self):
-    while self.unloads: self.runner.unload(self.unloads.pop())
+  def send_pending(self):
+    while self.pending:
+      request, handle = self.pending.pop(0)
+      getattr(self.runner, request)(handle)
 
   def synchronize(self):
-    self.send_unloads()
+    self.send_pending()
     self.runner.sync()
   def finalize(self):
     if not self.runner_closed: self.runner.close()

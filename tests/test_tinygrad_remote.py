@@ -266,6 +266,26 @@ print(json.dumps({{"err": float(np.abs(out - a @ b).max()), **n}}))""", {"METAL_
   assert out["err"] < 1e-3 and out["load"] > 16 and out["load"] - out["unload"] <= 2, out
 
 @pytest.mark.cpu_only
+def test_release_from_a_finalizer_never_lands_inside_a_frame(remote, monkeypatch):
+  # Buffer.__del__ (and a graph's, a program's) can run from the garbage collector in the middle of a Runner call that is writing a
+  # frame. Simulate that at the worst moment, between a Tlaunch's fixed part and its arguments: the Tfree must wait for a request
+  # boundary (it was sent there, and the runner read it as the launch's arguments and ended the session).
+  import client.connection as conn
+  from tinygrad import Device, Tensor
+  from tinygrad.device import BufferSpec
+  dev = Device[remote]
+  victim, x = dev.allocator._alloc(64, BufferSpec()), Tensor(np.arange(16, dtype=np.float32), device=remote).realize()
+  real = conn._args_struct
+  def args_struct(nb, nv):
+    if victim is not None: dev.allocator._free(victim, BufferSpec())   # "the garbage collector runs here"
+    return real(nb, nv)
+  monkeypatch.setattr(conn, "_args_struct", args_struct)
+  np.testing.assert_allclose((x * 3 + 1).numpy(), np.arange(16) * 3 + 1)
+  victim = None
+  assert dev.runner._dead is None, dev.runner._dead
+  dev.synchronize()   # the Tfree went out at a boundary; a second free of the handle would be EHANDLE here
+
+@pytest.mark.cpu_only
 def test_beam_search_fits_in_few_runner_handles(daemon_bin):
   """A BEAM search compiles and times dozens of candidates and drops them. They are unloaded, so it fits in a runner that allows a
   session 16 handles in each namespace; were every candidate kept loaded, the search would hit ELIMIT among the programs."""
