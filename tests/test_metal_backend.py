@@ -194,3 +194,12 @@ def test_sessions_release_everything(metal_addr):
   finally:
     r.stop()
   assert "metal emulator: live objects at exit: none" in r.log_text(0), r.log_text(0)[-2000:]
+
+# *** protocol.md, statement by statement, on the Metal backend
+
+def test_conformance_suite_on_the_metal_runner(metal_addr):
+  import subprocess, sys
+  from conftest import ROOT
+  r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "conformance"), "--runner",
+                      metal_addr], capture_output=True, text=True, timeout=600, cwd=str(ROOT))
+  assert r.returncode == 0 and " passed" in r.stdout and " failed" not in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
