@@ -91,6 +91,25 @@ sess_drain_errors(struct session *s)
 	return 0;
 }
 
+/* Queue an Rerror for tag with text cut to maxtext bytes; past
+ * MAX_QUEUED_ERRORS (or with no memory) it is only counted, for EMORE. */
+static void
+queue_rerror(struct session *s, uint32_t tag, uint32_t code, const char *text,
+    size_t maxtext)
+{
+	size_t need = PROTO_HDR_SIZE + 8 + maxtext;
+
+	if (s->nqueued >= MAX_QUEUED_ERRORS ||
+	    sess_grow(&s->errq, &s->errqcap, s->errqlen + need) == -1) {
+		s->dropped++;
+		s->dropped_tag = tag;
+		return;
+	}
+	s->errqlen += proto_put_rerror_n(s->errq + s->errqlen, need, tag, code,
+	    text, maxtext);
+	s->nqueued++;
+}
+
 /* Queue an Rerror for tag. Returns -1 so handlers can "return sess_errorf()";
  * a failed request is never fatal to the session by itself. */
 int
@@ -98,7 +117,6 @@ sess_errorf(struct session *s, uint32_t tag, uint32_t code, const char *fmt,
     ...)
 {
 	char text[PROTO_MAX_ERRTEXT + 1];
-	size_t n, need = PROTO_HDR_SIZE + 8 + PROTO_MAX_ERRTEXT;
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -106,15 +124,7 @@ sess_errorf(struct session *s, uint32_t tag, uint32_t code, const char *fmt,
 	va_end(ap);
 	log_info("session %u: tag %u: %s: %s", s->id, tag,
 	    proto_error_name(code), text);
-	if (s->nqueued >= MAX_QUEUED_ERRORS ||
-	    sess_grow(&s->errq, &s->errqcap, s->errqlen + need) == -1) {
-		s->dropped++;
-		s->dropped_tag = tag;
-		return -1;
-	}
-	n = proto_put_rerror(s->errq + s->errqlen, need, tag, code, text);
-	s->errqlen += n;
-	s->nqueued++;
+	queue_rerror(s, tag, code, text, PROTO_MAX_ERRTEXT);
 	return -1;
 }
 
@@ -127,7 +137,7 @@ int
 sess_error_long(struct session *s, uint32_t tag, uint32_t code,
     const char *prefix, const char *text)
 {
-	size_t plen = strlen(prefix), tlen = strlen(text), n, need;
+	size_t plen = strlen(prefix), tlen = strlen(text);
 	char *full;
 
 	if ((full = malloc(plen + tlen + 1)) == NULL)
@@ -137,18 +147,7 @@ sess_error_long(struct session *s, uint32_t tag, uint32_t code,
 	log_info("session %u: tag %u: %s: %.*s (%zu bytes)", s->id, tag,
 	    proto_error_name(code), (int)strcspn(full, "\n"), full,
 	    plen + tlen);
-	need = PROTO_HDR_SIZE + 8 + PROTO_MAX_COMPILER_TEXT;
-	if (s->nqueued >= MAX_QUEUED_ERRORS ||
-	    sess_grow(&s->errq, &s->errqcap, s->errqlen + need) == -1) {
-		s->dropped++;
-		s->dropped_tag = tag;
-		free(full);
-		return -1;
-	}
-	n = proto_put_rerror_n(s->errq + s->errqlen, need, tag, code, full,
-	    PROTO_MAX_COMPILER_TEXT);
-	s->errqlen += n;
-	s->nqueued++;
+	queue_rerror(s, tag, code, full, PROTO_MAX_COMPILER_TEXT);
 	free(full);
 	return -1;
 }
