@@ -47,8 +47,13 @@ struct mr_config {
 /* server.c */
 void mr_config_defaults(struct mr_config *cfg);
 const struct backend *mr_find_backend(const char *name);
-/* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error. */
+/* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error.
+ * It installs SIGINT and SIGTERM handlers that stop it and ignores SIGPIPE,
+ * for the whole process (examples/embed/appliance.c shows a program that
+ * takes the signals itself). It may be called again once it has returned. */
 int mr_serve(const struct mr_config *cfg);
+/* Stop mr_serve() within half a second; from any thread or a signal
+ * handler. A stop that comes before mr_serve() ends it as it starts. */
 void mr_stop(void);
 
 /* slots.c: the session table. */

@@ -37,6 +37,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +57,9 @@ struct thread_arg {
 	char peer[64];
 };
 
-static volatile sig_atomic_t stopping;
+/* Set by mr_stop(), from any thread, and by SIGINT and SIGTERM; lock-free,
+ * so the signal handler may set it too. */
+static atomic_int stopping;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slots_idle = PTHREAD_COND_INITIALIZER;
 static int nactive;
@@ -107,6 +110,11 @@ on_stop_signal(int sig)
 	stopping = 1;
 }
 
+/*
+ * Wait for session processes that have ended (block: all of them), by
+ * their pids: waitpid(-1) would also take the exit status of children an
+ * embedding program started itself (popen, system), and wait for them.
+ */
 static void
 reap(int block)
 {
@@ -114,25 +122,30 @@ reap(int block)
 	int status;
 	uint32_t i;
 
-	while ((pid = waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
-		for (i = 0; i < slot_count(); i++) {
-			struct slot *sl = slot_get(i);
-			if (!sl->busy || sl->pid != pid)
-				continue;
-			if (WIFSIGNALED(status) && stopping)
-				log_info("session %u stopped", sl->id);
-			else if (WIFSIGNALED(status))
-				log_warn("session %u ended by signal %d", sl->id,
-				    WTERMSIG(status));
-			else if (WEXITSTATUS(status) == 3)
-				log_warn("session %u ended: a kernel crashed",
-				    sl->id);
-			else if (WEXITSTATUS(status) == 4)
-				log_warn("session %u ended: a kernel ran past "
-				    "the time limit", sl->id);
-			slot_free((int)i);
-			nactive--;
-		}
+	for (i = 0; i < slot_count(); i++) {
+		struct slot *sl = slot_get(i);
+		if (!sl->busy || sl->pid <= 0)
+			continue;
+		while ((pid = waitpid(sl->pid, &status, block ? 0 : WNOHANG)) ==
+		    -1 && errno == EINTR)
+			;
+		if (pid == 0)
+			continue;
+		if (pid == -1)	/* SIGCHLD ignored: the kernel reaped it */
+			log_warn("session %u ended: %s", sl->id,
+			    strerror(errno));
+		else if (WIFSIGNALED(status) && stopping)
+			log_info("session %u stopped", sl->id);
+		else if (WIFSIGNALED(status))
+			log_warn("session %u ended by signal %d", sl->id,
+			    WTERMSIG(status));
+		else if (WEXITSTATUS(status) == 3)
+			log_warn("session %u ended: a kernel crashed", sl->id);
+		else if (WEXITSTATUS(status) == 4)
+			log_warn("session %u ended: a kernel ran past the time "
+			    "limit", sl->id);
+		slot_free((int)i);
+		nactive--;
 	}
 }
 
@@ -166,6 +179,7 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
     int slot, const char *peer)
 {
 	struct sigaction sa;
+	sigset_t none;
 	int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGALRM };
 	char err[PROTO_ERRLEN];
 	size_t i;
@@ -182,6 +196,11 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	sa.sa_handler = SIG_DFL;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	/* The mask is the forking thread's: a program embedding the runner
+	 * may block SIGTERM there to sigwait() for it, and stop_sessions()
+	 * must still end this process with it. */
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
 	sa.sa_handler = sess_crash_signal;
 	sigemptyset(&sa.sa_mask);
 	sa.sa_flags = SA_NODEFER | SA_RESETHAND;
@@ -239,8 +258,8 @@ stop_sessions(enum be_isolation iso)
 	pthread_mutex_unlock(&slots_lock);
 }
 
-int
-mr_serve(const struct mr_config *cfg)
+static int
+serve(const struct mr_config *cfg)
 {
 	struct mr_server_ctx ctx;
 	struct be_info info;
@@ -397,5 +416,17 @@ out:
 	ctx.be->close();
 	if (nactive == 0)
 		slot_unmap();
+	return rc;
+}
+
+int
+mr_serve(const struct mr_config *cfg)
+{
+	int rc = serve(cfg);
+
+	/* A stop ends the serve it finds, or the next one if it comes first
+	 * (a program may stop its runner before its thread got this far);
+	 * after that a program may serve again. */
+	stopping = 0;
 	return rc;
 }
