@@ -12,7 +12,8 @@
  * and give clients the same file (METAL_RUNNER_TOKEN_FILE). There is no
  * built-in token: every box that shared one would share the secret.
  * -n turns off the system call filter of session processes, as
- * metal_runner --no-confine does; it is for running under valgrind only.
+ * metal_runner --no-confine does: only for valgrind and qemu-user, which
+ * cannot run under it.
  *
  * Signals. mr_serve() installs handlers of its own for SIGINT and SIGTERM
  * (they stop it) and ignores SIGPIPE, for the whole process. A program that
