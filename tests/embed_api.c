@@ -87,6 +87,7 @@ main(void)
 
 	mr_config_defaults(&cfg);
 	cfg.port = 0;
+	cfg.backend = "cpu";	/* the one that forks a process per session */
 	cfg.isolation = BE_ISOLATE_PROCESS;
 	cfg.on_listen = on_listen;
 

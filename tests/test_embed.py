@@ -2,7 +2,7 @@
 serves on a thread and stops on a signal. It is built with make (and, in the slow tests, with CMake, in the tree and against an
 installed library), serves a tinygrad workload to a client with the token, refuses other tokens, restarts on SIGHUP with a new
 token, and exits 0 on SIGTERM or SIGINT. tests/embed_api.c checks the library calls an embedding program relies on."""
-import contextlib, os, re, select, shutil, signal, socket, subprocess, threading, time
+import contextlib, os, re, select, shutil, signal, socket, subprocess, sys, threading, time
 import pytest
 from conftest import ROOT, build_daemon, run_python
 from client import connection as conn
@@ -12,6 +12,8 @@ pytestmark = pytest.mark.cpu_only
 
 EMBED = ROOT / "examples" / "embed"
 BUILD = ROOT / "tests" / ".build"
+# on macOS the library holds the Metal backend too (not tried: there is no Mac here)
+FRAMEWORKS = [f for fw in ("Metal", "Foundation", "CoreGraphics") for f in ("-framework", fw)] if sys.platform == "darwin" else []
 
 def make_appliance() -> str:
   if (why := build_daemon()) is not None: pytest.skip(f"daemon library cannot be built: {why}")
@@ -152,7 +154,8 @@ def test_library_calls_an_embedding_program_relies_on():
   BUILD.mkdir(exist_ok=True)
   exe = BUILD / "embed_api"
   r = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-I", str(ROOT / "daemon"), "-o", str(exe),
-                      str(ROOT / "tests" / "embed_api.c"), str(ROOT / "daemon" / "libmetal_runner.a"), "-lpthread"], capture_output=True, text=True)
+                      str(ROOT / "tests" / "embed_api.c"), str(ROOT / "daemon" / "libmetal_runner.a"), "-lpthread", *FRAMEWORKS],
+                     capture_output=True, text=True)
   assert r.returncode == 0 and not r.stderr, r.stderr
   r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
   lines = r.stdout.splitlines()
