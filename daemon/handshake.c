@@ -10,7 +10,18 @@
  * Until the handshake is done the connection counts against the runner's
  * startup limit, not its session limit (server.c); completing it takes a
  * session place, or ends the connection with ELIMIT if there is none.
+ *
+ * The token can be replaced while the runner serves (SIGHUP, main.c):
+ * mr_token_replace() swaps it under a lock, and Tauth takes the lock only
+ * to compute its two MACs, so a session authenticates with one token,
+ * old or new, never a mix. A session that is already authenticated is not
+ * affected. Session processes are forked from the runner: the fork
+ * handlers keep a child from inheriting the lock held by the thread that
+ * swaps, and a child sees the token of the moment it was forked, which is
+ * the newest for every connection accepted after the swap. Whether a
+ * token is needed at all (cfg->token != NULL) never changes.
  */
+#include <pthread.h>
 #ifdef __linux__
 #include <sys/random.h>
 #endif
@@ -131,9 +142,42 @@ sess_hello(struct session *s, const union proto_msg *m)
 static const char auth_client[] = "metal_runner-auth-v1 client";
 static const char auth_server[] = "metal_runner-auth-v1 server";
 
+/* The token that replaced cfg->token (owned), or NULL: none yet. */
+static pthread_mutex_t token_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t token_once = PTHREAD_ONCE_INIT;
+static uint8_t *token_new;
+static size_t token_newlen;
+
+static void token_lock_fork(void) { pthread_mutex_lock(&token_lock); }
+static void token_unlock_fork(void) { pthread_mutex_unlock(&token_lock); }
+
 static void
-auth_mac(const struct mr_config *cfg, const char *label, const uint8_t *a,
-    const uint8_t *b, uint8_t out[32])
+token_atfork(void)
+{
+	pthread_atfork(token_lock_fork, token_unlock_fork, token_unlock_fork);
+}
+
+int
+mr_token_replace(const uint8_t *token, size_t len)
+{
+	uint8_t *p, *old;
+
+	if (len == 0 || (p = malloc(len)) == NULL)
+		return -1;
+	memcpy(p, token, len);
+	pthread_once(&token_once, token_atfork);
+	pthread_mutex_lock(&token_lock);
+	old = token_new;
+	token_new = p;
+	token_newlen = len;
+	pthread_mutex_unlock(&token_lock);
+	free(old);
+	return 0;
+}
+
+static void
+auth_mac(const uint8_t *key, size_t keylen, const char *label,
+    const uint8_t *a, const uint8_t *b, uint8_t out[32])
 {
 	uint8_t msg[sizeof(auth_client) + 2 * PROTO_NONCE_SIZE];
 	size_t l = strlen(label);
@@ -141,22 +185,41 @@ auth_mac(const struct mr_config *cfg, const char *label, const uint8_t *a,
 	memcpy(msg, label, l);
 	memcpy(msg + l, a, PROTO_NONCE_SIZE);
 	memcpy(msg + l + PROTO_NONCE_SIZE, b, PROTO_NONCE_SIZE);
-	hmac_sha256(cfg->token, cfg->tokenlen, msg, l + 2 * PROTO_NONCE_SIZE,
-	    out);
+	hmac_sha256(key, keylen, msg, l + 2 * PROTO_NONCE_SIZE, out);
+}
+
+/* Both MACs of an exchange, under one token. */
+static void
+auth_macs(const struct mr_config *cfg, const uint8_t *snonce,
+    const uint8_t *cnonce, uint8_t client[32], uint8_t server[32])
+{
+	pthread_mutex_lock(&token_lock);
+	if (token_new != NULL) {
+		auth_mac(token_new, token_newlen, auth_client, snonce, cnonce,
+		    client);
+		auth_mac(token_new, token_newlen, auth_server, cnonce, snonce,
+		    server);
+	} else {
+		auth_mac(cfg->token, cfg->tokenlen, auth_client, snonce, cnonce,
+		    client);
+		auth_mac(cfg->token, cfg->tokenlen, auth_server, cnonce, snonce,
+		    server);
+	}
+	pthread_mutex_unlock(&token_lock);
 }
 
 int
 sess_auth(struct session *s, const union proto_msg *m, const char *peer)
 {
 	const struct mr_config *cfg = s->ctx->cfg;
-	uint8_t want[32], diff = 0;
+	uint8_t want[32], smac[32], diff = 0;
 	union proto_msg r;
 	size_t i;
 
 	if (m->h.type != PROTO_TAUTH)
 		return sess_fatal(s, m->h.tag, PROTO_ESTATE, "this runner "
 		    "requires authentication: Tauth must follow Rhello");
-	auth_mac(cfg, auth_client, s->snonce, m->tauth.cnonce, want);
+	auth_macs(cfg, s->snonce, m->tauth.cnonce, want, smac);
 	for (i = 0; i < sizeof(want); i++)	/* constant time */
 		diff |= want[i] ^ m->tauth.mac[i];
 	if (diff != 0) {
@@ -171,7 +234,7 @@ sess_auth(struct session *s, const union proto_msg *m, const char *peer)
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RAUTH;
 	r.h.tag = m->h.tag;
-	auth_mac(cfg, auth_server, m->tauth.cnonce, s->snonce, r.rauth.mac);
+	memcpy(r.rauth.mac, smac, sizeof(smac));
 	s->state = S_READY;
 	log_info("session %u: authenticated", s->id);
 	return sess_reply(s, &r, NULL, 0);

@@ -1,13 +1,31 @@
-/* main.c: command-line arguments around mr_serve(). */
+/*
+ * main.c: command-line arguments around mr_serve(), the token file and
+ * its reload on SIGHUP, and DNS-SD advertising (advertise.h).
+ *
+ * SIGHUP is blocked in every thread and taken by one thread of its own
+ * with sigwait(), so reading the file happens outside a signal handler;
+ * sessions inherit the mask and ignore it. A file that cannot be read at
+ * SIGHUP leaves the token as it was.
+ */
 #include <errno.h>
 #include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "advertise.h"
 #include "metal_runner.h"
 
 #define MAX_TOKEN 4096
+
+struct listen_arg {
+	const char *advertise;		/* --advertise, "" for the default name */
+	const char *backend;
+	int auth;
+	int failed;
+};
 
 static void
 usage(FILE *f)
@@ -45,11 +63,14 @@ usage(FILE *f)
 "                          started as root; without it they run as root)\n"
 "      --no-confine        do not restrict the system calls of session\n"
 "                          processes (Linux: seccomp; for valgrind)\n"
+"      --advertise[=NAME]  announce the runner with DNS-SD as\n"
+"                          _metal-runner._tcp (default name: the host's);\n"
+"                          refused without --token-file beyond loopback\n"
 "  -h, --help              show this help\n"
 "  -V, --version           show the version\n"
 "\n"
 "Sizes take a K, M or G suffix. With --port 0 the chosen port is printed\n"
-"on stdout as \"listening on HOST:PORT\".\n");
+"on stdout as \"listening on HOST:PORT\". SIGHUP reads the token file again.\n");
 }
 
 static int
@@ -94,16 +115,17 @@ parse_int(const char *s, int min, int max, int *out)
 	return 0;
 }
 
-/* The whole file is the secret; a trailing newline from an editor is not. */
+/* The whole file is the secret; a trailing newline from an editor is not.
+ * NULL with a message in err if the file cannot be used. */
 static uint8_t *
-read_token(const char *path, size_t *len)
+read_token(const char *path, size_t *len, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "rb");
 	uint8_t *buf;
 	size_t n;
 
 	if (f == NULL) {
-		fprintf(stderr, "metal_runner: %s: %s\n", path, strerror(errno));
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
 		return NULL;
 	}
 	/* One byte more than allowed tells a long file from a full one. */
@@ -111,16 +133,15 @@ read_token(const char *path, size_t *len)
 	n = buf ? fread(buf, 1, MAX_TOKEN + 1, f) : 0;
 	fclose(f);
 	if (n > MAX_TOKEN) {
-		fprintf(stderr, "metal_runner: %s: the token file is larger than "
-		    "%d bytes\n", path, MAX_TOKEN);
+		snprintf(err, errlen, "%s: the token file is larger than %d "
+		    "bytes", path, MAX_TOKEN);
 		free(buf);
 		return NULL;
 	}
 	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
 		n--;
 	if (n == 0) {
-		fprintf(stderr, "metal_runner: %s: the token file is empty\n",
-		    path);
+		snprintf(err, errlen, "%s: the token file is empty", path);
 		free(buf);
 		return NULL;
 	}
@@ -128,10 +149,75 @@ read_token(const char *path, size_t *len)
 	return buf;
 }
 
-static void
-print_listen(const char *host, int port, void *arg)
+/* The SIGHUP thread: each SIGHUP reads the token file again. */
+static void *
+reload_thread(void *arg)
 {
-	(void)arg;
+	const char *path = arg;
+	char err[512];
+	sigset_t set;
+	uint8_t *token;
+	size_t len;
+	int sig;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGHUP);
+	for (;;) {
+		if (sigwait(&set, &sig) != 0)
+			continue;
+		if (path == NULL) {
+			fprintf(stderr, "metal_runner: SIGHUP: no --token-file, "
+			    "nothing to reload\n");
+			continue;
+		}
+		if ((token = read_token(path, &len, err, sizeof(err))) == NULL) {
+			fprintf(stderr, "metal_runner: SIGHUP: %s; keeping the "
+			    "previous token\n", err);
+			continue;
+		}
+		if (mr_token_replace(token, len) == -1)
+			fprintf(stderr, "metal_runner: SIGHUP: out of memory; "
+			    "keeping the previous token\n");
+		else
+			fprintf(stderr, "metal_runner: SIGHUP: token reloaded "
+			    "from %s; new sessions must use it\n", path);
+		memset(token, 0, len);
+		free(token);
+	}
+	return NULL;
+}
+
+/* Block SIGHUP here, before any other thread exists, so that every thread
+ * (and session process) inherits the mask and only reload_thread takes it. */
+static int
+start_reload(const char *path)
+{
+	pthread_t t;
+	sigset_t set;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGHUP);
+	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0 ||
+	    pthread_create(&t, NULL, reload_thread, (void *)path) != 0)
+		return -1;
+	pthread_detach(t);
+	return 0;
+}
+
+/* The socket listens: advertise it if asked, then tell whoever started us. */
+static void
+on_listen(const char *host, int port, void *arg)
+{
+	struct listen_arg *la = arg;
+	char err[256];
+
+	if (la->advertise != NULL && adv_start(la->advertise, host, port,
+	    la->backend, la->auth, err, sizeof(err)) == -1) {
+		fprintf(stderr, "metal_runner: --advertise: %s\n", err);
+		la->failed = 1;
+		mr_stop();
+		return;
+	}
 	printf("listening on %s:%d\n", host, port);
 	fflush(stdout);
 }
@@ -141,7 +227,7 @@ main(int argc, char **argv)
 {
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
 	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
-	    O_HTIME, O_USER, O_NOCONFINE };
+	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
@@ -163,18 +249,22 @@ main(int argc, char **argv)
 		{ "kernel-timeout", required_argument, NULL, O_KTIME },
 		{ "user", required_argument, NULL, O_USER },
 		{ "no-confine", no_argument, NULL, O_NOCONFINE },
+		{ "advertise", optional_argument, NULL, O_ADVERTISE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 }
 	};
 	struct mr_config cfg;
+	struct listen_arg la = { NULL, NULL, 0, 0 };
+	char err[512];
 	uint64_t v;
 	int c, n, rc, unauth = 0;
 	const char *token_path = NULL;
 	uint8_t *token = NULL;
 
 	mr_config_defaults(&cfg);
-	cfg.on_listen = print_listen;
+	cfg.on_listen = on_listen;
+	cfg.on_listen_arg = &la;
 	while ((c = getopt_long(argc, argv, "H:p:b:d:vhV", opts, NULL)) != -1) {
 		switch (c) {
 		case 'H':
@@ -270,6 +360,9 @@ main(int argc, char **argv)
 		case O_NOCONFINE:
 			cfg.no_confine = 1;
 			break;
+		case O_ADVERTISE:
+			la.advertise = optarg != NULL ? optarg : "";
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -288,9 +381,11 @@ main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
-	if (token_path != NULL &&
-	    (token = read_token(token_path, &cfg.tokenlen)) == NULL)
+	if (token_path != NULL && (token = read_token(token_path, &cfg.tokenlen,
+	    err, sizeof(err))) == NULL) {
+		fprintf(stderr, "metal_runner: %s\n", err);
 		return 1;
+	}
 	cfg.token = token;
 	if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
 		if (!unauth) {
@@ -305,7 +400,29 @@ main(int argc, char **argv)
 		    "authentication; anyone who can reach this port can run "
 		    "code here\n", cfg.host);
 	}
-	rc = mr_serve(&cfg) == 0 ? 0 : 1;
+	if (la.advertise != NULL) {
+		/* An advertisement invites strangers: only with a token, unless
+		 * only this machine can connect. */
+		if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
+			fprintf(stderr, "metal_runner: refusing to --advertise a "
+			    "runner on %s without --token-file: anyone on the "
+			    "network who finds it could run any code on this "
+			    "machine\n", cfg.host);
+			return 1;
+		}
+		if (!adv_available) {
+			fprintf(stderr, "metal_runner: --advertise: %s\n",
+			    adv_missing);
+			return 1;
+		}
+		la.backend = mr_find_backend(cfg.backend)->name;
+		la.auth = cfg.token != NULL;
+	}
+	if (start_reload(token_path) == -1) {
+		fprintf(stderr, "metal_runner: cannot start the SIGHUP thread\n");
+		return 1;
+	}
+	rc = mr_serve(&cfg) == 0 && !la.failed ? 0 : 1;
 	free(token);
 	return rc;
 bad:

@@ -71,6 +71,12 @@ void mr_log_handshake(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));
 void mr_log_handshake_flush(void);
 
+/* handshake.c */
+/* Replace the token (a copy is kept) for every Tauth from now on, in this
+ * process and in session processes forked later; cfg->token must be set.
+ * 0, or -1 with nothing changed (no memory, or len 0). Thread-safe. */
+int mr_token_replace(const uint8_t *token, size_t len);
+
 /* session.c */
 struct mr_server_ctx {
 	const struct mr_config *cfg;
