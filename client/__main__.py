@@ -1,0 +1,131 @@
+"""python -m client probe HOST:PORT [--token-file F] [--json]: what a runner is and how fast it answers.
+
+Prints what Rhello says (backend, device, CPU target or GPU family, capabilities, limits, protocol version), then measures the round
+trip (median of --pings Tping) and the write and read rates (--size bytes into one buffer and back, median of --repeat). HOST:PORT may be
+"auto": the first runner advertised with DNS-SD (client/discovery.py). Exit codes: 0 ok, 2 usage (or not HOST:PORT), 3 unreachable, 4 the runner refused
+the token (or wants one), 5 the peer is not a metal_runner, 1 any other failure.
+"""
+from __future__ import annotations
+import argparse, json, os, statistics, sys, time
+from . import protocol as P
+from .connection import Runner, RunnerError, RunnerConnectionError, read_token
+
+CAP_BITS = {P.CAP_AUTH: "auth", P.CAP_UNIFIED: "unified", P.CAP_CPU_IMAGE: "cpu_image", P.CAP_METALLIB: "metallib",
+            P.CAP_METAL_SOURCE: "metal_source"}
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_UNREACHABLE, EXIT_AUTH, EXIT_NOT_RUNNER = 0, 1, 2, 3, 4, 5
+
+def size_arg(s:str) -> int:
+  n, mult = s.upper().rstrip("B"), 1
+  if n and n[-1] in "KMG": n, mult = n[:-1], 1 << (10 * ("KMG".index(n[-1]) + 1))
+  if not n.isdigit() or int(n) == 0: raise argparse.ArgumentTypeError(f"{s!r} is not a size like 16M")
+  return int(n) * mult
+
+def fmt_bytes(n:int) -> str:
+  for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+    if n >= 1 << k: return f"{n / (1 << k):.4g} {unit}"
+  return f"{n} B"
+
+def measure(r:Runner, pings:int, size:int, repeat:int) -> dict:
+  rtts = []
+  for _ in range(pings):
+    t = time.perf_counter()
+    r.ping()
+    rtts.append(time.perf_counter() - t)
+  size = min(size, r.info.maxbuf, r.info.memory)
+  data, back, h = bytes(range(256)) * (size // 256) + bytes(size % 256), bytearray(size), r.new_handle()
+  r.alloc(h, size)
+  w, rd = [], []
+  for _ in range(repeat):
+    t = time.perf_counter()
+    r.write(h, 0, data)
+    r.sync()
+    w.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    r.read(h, 0, back)
+    rd.append(time.perf_counter() - t)
+  r.free(h)
+  r.sync()
+  if back != data: raise RunnerError(r.addr, P.EDEVICE, "the data read back differs from what was written", None, "Tread")
+  return {"rtt_us": {"median": statistics.median(rtts) * 1e6, "min": min(rtts) * 1e6, "pings": pings},
+          "write_GBps": size / statistics.median(w) / 1e9, "read_GBps": size / statistics.median(rd) / 1e9, "size": size, "repeat": repeat}
+
+def describe(r:Runner, connect_s:float) -> dict:
+  i = r.info
+  d = {"addr": r.addr, "protocol_version": P.VERSION, "maxmsg": i.maxmsg, "backend": i.backend, "device": i.name, "arch": i.arch,
+       "caps": [n for b, n in CAP_BITS.items() if i.caps & b], "caps_bits": i.caps, "authenticated": bool(i.caps & P.CAP_AUTH),
+       "limits": {"memory": i.memory, "maxbuf": i.maxbuf, "maxhandles": i.maxhandles, "ncores": i.ncores}, "session": i.session,
+       "connect_ms": connect_s * 1e3}
+  if i.backend == "metal": d["gpu_family"] = i.arch
+  else: d.update(cpu=i.cpu, features=[f for f in i.features.split(",") if f])
+  return d
+
+def show(d:dict):
+  rows = [("runner", d["addr"]), ("protocol", f"version {d['protocol_version']}, frames up to {fmt_bytes(d['maxmsg'])}"),
+          ("backend", d["backend"]), ("device", d["device"])]
+  if d["backend"] == "metal": rows.append(("gpu family", d["gpu_family"]))
+  else: rows += [("arch", d["arch"]), ("cpu", d["cpu"] or "-"), ("features", ",".join(d["features"]) or "-")]
+  lim = d["limits"]
+  rows += [("caps", " ".join(d["caps"]) or "-"), ("auth", "token accepted" if d["authenticated"] else "none required"),
+           ("memory", f"{fmt_bytes(lim['memory'])} per session, buffers up to {fmt_bytes(lim['maxbuf'])}"),
+           ("handles", f"{lim['maxhandles']} per namespace"), ("cores", str(lim["ncores"])), ("session", str(d["session"])),
+           ("connect", f"{d['connect_ms']:.2f} ms (TCP and handshake)")]
+  if "rtt_us" in d:
+    m = d["rtt_us"]
+    rows += [("rtt", f"{m['median']:.1f} us median, {m['min']:.1f} us min ({m['pings']} pings)"),
+             ("write", f"{d['write_GBps']:.3g} GB/s ({fmt_bytes(d['size'])}, median of {d['repeat']})"),
+             ("read", f"{d['read_GBps']:.3g} GB/s ({fmt_bytes(d['size'])}, median of {d['repeat']})")]
+  for k, v in rows: print(f"{k:<11} {v}")
+
+def fail(args, code:int, msg:str) -> int:
+  if args.json: print(json.dumps({"addr": args.addr, "error": msg, "exit": code}))
+  print(f"probe: {msg}", file=sys.stderr)
+  return code
+
+def probe(args) -> int:
+  token = None
+  try:
+    if args.token_file: token = read_token(args.token_file)
+    addr = args.addr
+    if addr == "auto":
+      from .discovery import discover
+      if not (found := discover(timeout=args.timeout)): return fail(args, EXIT_UNREACHABLE, "no runner advertised with DNS-SD answered")
+      addr = found[0].addr
+  except (OSError, ValueError, RuntimeError) as e: return fail(args, EXIT_FAIL, str(e))
+  t = time.perf_counter()
+  try: r = Runner(addr, timeout=args.timeout, connect_timeout=args.timeout, token=token)
+  except RunnerConnectionError as e:
+    if (why := str(e.text)).startswith("cannot connect"): return fail(args, EXIT_UNREACHABLE, f"{addr} is unreachable: {why}")
+    return fail(args, EXIT_NOT_RUNNER, f"{addr} is not a metal_runner (or closed the connection during the handshake): {why}")
+  except RunnerError as e:
+    if e.code == P.EAUTH:
+      why = e.text if token is None else f"the runner refused the token from {args.token_file}: {e.text}"
+      return fail(args, EXIT_AUTH, f"{addr}: {why}")
+    if e.code == P.EVERSION: return fail(args, EXIT_NOT_RUNNER, f"{addr} speaks another protocol version: {e.text}")
+    return fail(args, EXIT_FAIL, f"{addr}: {e.reason()}")
+  except ValueError as e: return fail(args, EXIT_USAGE, str(e))   # not host:port
+  with r:
+    d = describe(r, time.perf_counter() - t)
+    try:
+      if args.pings > 0: d.update(measure(r, args.pings, args.size, args.repeat))
+    except RunnerError as e: return fail(args, EXIT_FAIL, f"{addr}: measuring failed: {e.reason()}")
+  if args.json: print(json.dumps(d))
+  else: show(d)
+  return EXIT_OK
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m client", description="metal_runner client tools")
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  p = sub.add_parser("probe", help="show what a runner is and measure its round trip and copy rates",
+                     description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("addr", metavar="HOST:PORT", help='the runner, or "auto" for the first one advertised with DNS-SD')
+  p.add_argument("--token-file", default=os.environ.get("METAL_RUNNER_TOKEN_FILE"), help="the shared token (default: $METAL_RUNNER_TOKEN_FILE)")
+  p.add_argument("--json", action="store_true", help="print one JSON object (on failure: addr, error, exit)")
+  p.add_argument("--pings", type=int, default=20, help="pings for the round trip (default 20; 0: no measurements)")
+  p.add_argument("--size", type=size_arg, default=16 << 20, help="bytes to write and read back (default 16M, capped by the runner's maxbuf)")
+  p.add_argument("--repeat", type=int, default=3, help="writes and reads, the median is shown (default 3)")
+  p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the connection and for each reply (default 10)")
+  args = ap.parse_args(argv)
+  if args.repeat < 1: ap.error("--repeat must be at least 1")
+  return probe(args)
+
+if __name__ == "__main__": sys.exit(main())

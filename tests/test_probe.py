@@ -1,0 +1,99 @@
+"""python -m client probe (client/__main__.py) against real runners: what it prints, --json, and the exit code and message for a
+runner that refuses the token or wants one, a port where nothing listens, and a peer that is not a metal_runner."""
+import json, os, socket, subprocess, sys, threading
+import pytest
+from runner_proc import RunnerProc, ROOT
+
+pytestmark = pytest.mark.cpu_only
+TOKEN = b"probe test token"
+
+def probe(*args:str, env:dict|None=None) -> subprocess.CompletedProcess:
+  e = {k: v for k, v in os.environ.items() if k != "METAL_RUNNER_TOKEN_FILE"}
+  e.update(PYTHONPATH=str(ROOT), **(env or {}))
+  return subprocess.run([sys.executable, "-m", "client", "probe", *args], capture_output=True, text=True, timeout=60, env=e)
+
+@pytest.fixture(scope="module")
+def plain():
+  r = RunnerProc()
+  yield r
+  r.stop()
+
+@pytest.fixture(scope="module")
+def authed(tmp_path_factory):
+  tf = tmp_path_factory.mktemp("probe") / "token"
+  tf.write_bytes(TOKEN + b"\n")
+  r = RunnerProc("--token-file", str(tf))
+  r.token_file = tf
+  yield r
+  r.stop()
+
+def test_probe_prints_what_the_runner_is(plain):
+  p = probe(plain.addr, "--size", "1M")
+  assert p.returncode == 0, p.stderr
+  rows = dict(l.split(None, 1) for l in p.stdout.splitlines() if " " in l)
+  assert rows["runner"] == plain.addr and rows["backend"] == "cpu" and rows["protocol"].startswith("version 1")
+  assert rows["arch"] in ("x86_64", "arm64", "riscv64") and rows["auth"] == "none required" and "cpu_image" in rows["caps"]
+  assert rows["rtt"].endswith("(20 pings)") and "GB/s (1 MiB, median of 3)" in rows["write"] and "GB/s" in rows["read"]
+
+def test_probe_json(plain):
+  p = probe(plain.addr, "--json", "--pings", "5", "--size", "256K", "--repeat", "2")
+  assert p.returncode == 0, p.stderr
+  d = json.loads(p.stdout)
+  assert d["addr"] == plain.addr and d["backend"] == "cpu" and d["protocol_version"] == 1 and d["caps"] == ["unified", "cpu_image"]
+  assert d["limits"]["maxhandles"] == 65536 and d["limits"]["ncores"] >= 1 and d["limits"]["memory"] > 0 and d["cpu"]
+  assert d["rtt_us"]["pings"] == 5 and 0 < d["rtt_us"]["min"] <= d["rtt_us"]["median"]
+  assert d["size"] == 256 << 10 and d["write_GBps"] > 0 and d["read_GBps"] > 0
+
+def test_probe_without_measurements(plain):
+  d = json.loads(probe(plain.addr, "--json", "--pings", "0").stdout)
+  assert d["backend"] == "cpu" and "rtt_us" not in d and "write_GBps" not in d
+
+def test_probe_with_the_token(authed):
+  p = probe(authed.addr, "--token-file", str(authed.token_file), "--json", "--pings", "3", "--size", "64K")
+  assert p.returncode == 0, p.stderr
+  d = json.loads(p.stdout)
+  assert d["authenticated"] and "auth" in d["caps"]
+  # the environment variable the library reads works too
+  p = probe(authed.addr, "--pings", "0", env={"METAL_RUNNER_TOKEN_FILE": str(authed.token_file)})
+  assert p.returncode == 0 and "token accepted" in p.stdout, p.stderr
+
+def test_probe_with_a_wrong_token(authed, tmp_path):
+  (bad := tmp_path / "bad").write_bytes(b"not the token")
+  p = probe(authed.addr, "--token-file", str(bad), "--json")
+  assert p.returncode == 4, (p.stdout, p.stderr)
+  assert "refused the token" in p.stderr and "wrong token" in p.stderr
+  assert json.loads(p.stdout)["exit"] == 4
+
+def test_probe_without_a_token_where_one_is_needed(authed):
+  p = probe(authed.addr)
+  assert p.returncode == 4 and "requires authentication" in p.stderr, (p.stdout, p.stderr)
+
+def test_probe_unreachable():
+  s = socket.socket()
+  s.bind(("127.0.0.1", 0))
+  port = s.getsockname()[1]
+  s.close()   # nothing listens there now
+  p = probe(f"127.0.0.1:{port}", "--json")
+  assert p.returncode == 3 and "unreachable" in p.stderr and "refused" in p.stderr, (p.stdout, p.stderr)
+  assert json.loads(p.stdout)["error"].startswith(f"127.0.0.1:{port} is unreachable")
+
+def test_probe_not_a_metal_runner():
+  """A server that answers something else (here an HTTP-like reply) is named as not a metal_runner."""
+  srv = socket.socket()
+  srv.bind(("127.0.0.1", 0))
+  srv.listen(1)
+  def serve():
+    c, _ = srv.accept()
+    c.recv(100)
+    c.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+    c.close()
+  t = threading.Thread(target=serve, daemon=True)
+  t.start()
+  try: p = probe(f"127.0.0.1:{srv.getsockname()[1]}", "--timeout", "5")
+  finally: srv.close()
+  assert p.returncode == 5 and "is not a metal_runner" in p.stderr, (p.stdout, p.stderr)
+
+def test_probe_bad_arguments():
+  p = probe("nohostport")
+  assert p.returncode == 2 and "is not host:port" in p.stderr, p.stderr
+  assert probe("127.0.0.1:1", "--size", "lots").returncode == 2
