@@ -14,6 +14,7 @@ from client.connection import Runner, RunnerConnectionError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
 from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL
 from client.cpu_image import clang_arch, cpu_image
+from client.discovery import runner_addrs
 
 DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
 
@@ -157,7 +158,8 @@ class RemoteGraph(GraphRunner):
 class RemoteDevice(Compiled):
   def __init__(self, device:str):
     self.is_metal, idx = device.split(":")[0] == "METAL", int(device.split(":")[1]) if ":" in device else 0
-    want, addrs = "metal" if self.is_metal else "cpu", [a.strip() for a in os.getenv("METAL_RUNNER", "").split(",") if a.strip()]
+    want = "metal" if self.is_metal else "cpu"
+    addrs = runner_addrs(want)   # METAL_RUNNER: addresses, or "auto" (DNS-SD, client/discovery.py)
     if addrs and idx >= len(addrs): raise RuntimeError(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
     # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
     self.runner, self.runner_closed = Runner(addrs[idx] if addrs else start_local_runner(want)), False
@@ -220,7 +222,8 @@ class RemoteDevice(Compiled):
 def runner_device() -> str:
   """The device to use for the (first) runner: METAL for a Metal backend, REMOTE for a CPU one. Asks the runner; no address means the
   local runner this module would start, which is Metal on macOS."""
-  if not (addr:=os.getenv("METAL_RUNNER", "").split(",")[0].strip()): return "METAL" if sys.platform == "darwin" else "REMOTE"
+  if not (addrs:=runner_addrs()): return "METAL" if sys.platform == "darwin" else "REMOTE"
+  addr = addrs[0]
   with Runner(addr) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
 
 def dims(d) -> tuple[int, int, int]:

@@ -387,19 +387,6 @@ main(int argc, char **argv)
 		return 1;
 	}
 	cfg.token = token;
-	if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
-		if (!unauth) {
-			fprintf(stderr, "metal_runner: refusing to listen on %s "
-			    "without --token-file: anyone who can connect could "
-			    "run any code on this machine. Pass "
-			    "--allow-unauthenticated to accept that.\n",
-			    cfg.host);
-			return 1;
-		}
-		fprintf(stderr, "metal_runner: WARNING: listening on %s with no "
-		    "authentication; anyone who can reach this port can run "
-		    "code here\n", cfg.host);
-	}
 	if (la.advertise != NULL) {
 		/* An advertisement invites strangers: only with a token, unless
 		 * only this machine can connect. */
@@ -417,6 +404,19 @@ main(int argc, char **argv)
 		}
 		la.backend = mr_find_backend(cfg.backend)->name;
 		la.auth = cfg.token != NULL;
+	}
+	if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
+		if (!unauth) {
+			fprintf(stderr, "metal_runner: refusing to listen on %s "
+			    "without --token-file: anyone who can connect could "
+			    "run any code on this machine. Pass "
+			    "--allow-unauthenticated to accept that.\n",
+			    cfg.host);
+			return 1;
+		}
+		fprintf(stderr, "metal_runner: WARNING: listening on %s with no "
+		    "authentication; anyone who can reach this port can run "
+		    "code here\n", cfg.host);
 	}
 	if (start_reload(token_path) == -1) {
 		fprintf(stderr, "metal_runner: cannot start the SIGHUP thread\n");
