@@ -3,7 +3,8 @@
 # daemon. Idempotent: a second run only checks. Installs clang and make
 # (Debian: apt-get; macOS: the Xcode command line tools must be present),
 # with "test" also valgrind, clang-16 and gcc's libobjc (Debian: the Metal
-# emulator, a test harness), creates .venv with the client and its test
+# emulator, a test harness), systemd-analyze, Avahi (daemon and client
+# library) and dbus-daemon, creates .venv with the client and its test
 # dependencies, and builds daemon/metal_runner (and, for tests on Linux,
 # daemon/metal_runner_emu).
 set -eu
@@ -28,6 +29,14 @@ Linux)
 		need clang++-16 || missing="$missing clang-16"
 		objc=$(cc -print-file-name=libobjc.so 2>/dev/null || true)
 		[ -f "$objc" ] || missing="$missing libobjc-$(cc -dumpversion | cut -d. -f1)-dev"
+		# Service files and discovery: systemd-analyze verifies the unit;
+		# the runner's --advertise is built with Avahi's client library
+		# and tested against a private avahi-daemon on a private D-Bus.
+		need systemd-analyze || missing="$missing systemd"
+		need pkg-config || missing="$missing pkg-config"
+		pkg-config --exists avahi-client 2>/dev/null || missing="$missing libavahi-client-dev"
+		[ -x /usr/sbin/avahi-daemon ] || missing="$missing avahi-daemon"
+		need dbus-daemon || missing="$missing dbus-daemon"
 	fi
 	if [ -n "$missing" ]; then
 		if ! need apt-get; then
@@ -51,7 +60,7 @@ esac
 if [ ! -x .venv/bin/python ]; then
 	python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi' 2>/dev/null; then
+if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi, zeroconf' 2>/dev/null; then
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -m pip install -q -e ".[test]"
 fi
