@@ -37,6 +37,8 @@ Linux)
 		pkg-config --exists avahi-client 2>/dev/null || missing="$missing libavahi-client-dev"
 		[ -x /usr/sbin/avahi-daemon ] || missing="$missing avahi-daemon"
 		need dbus-daemon || missing="$missing dbus-daemon"
+		# advertise_dnssd.c (macOS) is compiled against its dns_sd.h
+		pkg-config --exists avahi-compat-libdns_sd 2>/dev/null || missing="$missing libavahi-compat-libdnssd-dev"
 	fi
 	if [ -n "$missing" ]; then
 		if ! need apt-get; then

@@ -199,3 +199,17 @@ def test_advertise_with_avahi_is_found_by_the_client(avahi, tmp_path):
   finally:
     r1.stop()
     r2.stop()
+
+def test_dnssd_source_compiles_against_a_dns_sd_header(tmp_path, daemon_bin):
+  """advertise_dnssd.c (macOS) cannot be built here against Apple's SDK; Avahi's Bonjour compatibility library ships a dns_sd.h that
+  declares the same API, so the file is compiled with every warning as an error and linked into a runner against it. This checks the
+  calls and types, not mDNSResponder's behaviour (the loopback-only registration, kDNSServiceInterfaceIndexLocalOnly, is not
+  supported by Avahi's layer)."""
+  pc = subprocess.run(["pkg-config", "--cflags", "--libs", "avahi-compat-libdns_sd"], capture_output=True, text=True)
+  if pc.returncode != 0: pytest.skip("Avahi's dns_sd compatibility library is not installed (Debian: libavahi-compat-libdnssd-dev; setup.sh test)")
+  flags = pc.stdout.split()
+  d = ROOT / "daemon"
+  r = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror",
+                      *[f for f in flags if not f.startswith("-l")], "-o", str(tmp_path / "mr_dnssd"), str(d / "main.c"), str(d / "advertise_dnssd.c"),
+                      str(d / "libmetal_runner.a"), "-lpthread", *[f for f in flags if f.startswith("-l")]], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
