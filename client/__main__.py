@@ -88,7 +88,7 @@ def probe(args) -> int:
     addr = args.addr
     if addr == "auto":
       from .discovery import discover
-      if not (found := discover(timeout=args.timeout)): return fail(args, EXIT_UNREACHABLE, "no runner advertised with DNS-SD answered")
+      if not (found := discover()): return fail(args, EXIT_UNREACHABLE, "no runner advertised itself with DNS-SD (_metal-runner._tcp)")
       addr = found[0].addr
   except (OSError, ValueError, RuntimeError) as e: return fail(args, EXIT_FAIL, str(e))
   t = time.perf_counter()

@@ -54,6 +54,7 @@ def test_plain_addresses_do_not_need_zeroconf(monkeypatch):
 
 def test_auto_without_zeroconf_says_what_to_install(monkeypatch):
   monkeypatch.setenv("METAL_RUNNER", "auto")
+  monkeypatch.setattr(discovery, "_auto", {})
   monkeypatch.setitem(sys.modules, "zeroconf", None)   # import zeroconf now raises ImportError
   with pytest.raises(RuntimeError, match=r"needs python-zeroconf: pip install 'metal-runner-client\[discovery\]'"):
     discovery.runner_addrs("cpu")
@@ -95,11 +96,13 @@ def test_auto_finds_a_runner_published_on_loopback(monkeypatch):
     monkeypatch.setenv("METAL_RUNNER", "auto")
     monkeypatch.setenv("METAL_RUNNER_DISCOVER_TIMEOUT", "1.5")
     monkeypatch.setenv("METAL_RUNNER_DISCOVER_INTERFACES", "127.0.0.1")
+    monkeypatch.setattr(discovery, "_auto", {})
     addrs = discovery.runner_addrs("cpu")
     assert r.addr in addrs and "127.0.0.1:9" not in addrs
+    assert discovery.runner_addrs("cpu") is addrs   # REMOTE:1 does not listen again
     with Runner(r.addr) as c: assert c.ping(b"found") == b"found"
     # the probe takes "auto" too
-    p = subprocess.run([sys.executable, "-m", "client", "probe", "auto", "--pings", "0", "--timeout", "1.5"], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "client", "probe", "auto", "--pings", "0"], capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert p.returncode == 0 and "backend     cpu" in p.stdout, p.stdout + p.stderr
   finally:
@@ -110,6 +113,7 @@ def test_auto_with_nothing_advertised(monkeypatch):
   monkeypatch.setenv("METAL_RUNNER", "auto")
   monkeypatch.setenv("METAL_RUNNER_DISCOVER_TIMEOUT", "0.5")
   monkeypatch.setenv("METAL_RUNNER_DISCOVER_INTERFACES", "127.0.0.1")
+  monkeypatch.setattr(discovery, "_auto", {})
   with pytest.raises(RuntimeError, match="no zz-none runner advertised itself"): discovery.runner_addrs("zz-none")
 
 # ---- the runner's --advertise
@@ -213,3 +217,19 @@ def test_dnssd_source_compiles_against_a_dns_sd_header(tmp_path, daemon_bin):
                       *[f for f in flags if not f.startswith("-l")], "-o", str(tmp_path / "mr_dnssd"), str(d / "main.c"), str(d / "advertise_dnssd.c"),
                       str(d / "libmetal_runner.a"), "-lpthread", *[f for f in flags if f.startswith("-l")]], capture_output=True, text=True)
   assert r.returncode == 0, r.stderr
+
+def test_tinygrad_remote_with_metal_runner_auto():
+  """The tinygrad device opens the advertised runner: METAL_RUNNER=auto, DEV=REMOTE, a kernel runs there (its session is logged)."""
+  r = RunnerProc("-v")
+  pub = publish(f"000 mr-test-tg-{uuid.uuid4().hex[:8]}", r.port, "cpu")   # sorts before any other name: REMOTE:0 is this one
+  try:
+    code = "import client.remote_metal; from tinygrad import Tensor, Device; print((Tensor([1, 2, 3]) * 2).tolist(), Device['REMOTE'].runner.addr)"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("DEBUG", "BEAM")}, "PYTHONPATH": str(ROOT), "METAL_RUNNER": "auto",
+           "DEV": "REMOTE", "METAL_RUNNER_DISCOVER_TIMEOUT": "1.5", "METAL_RUNNER_DISCOVER_INTERFACES": "127.0.0.1"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["[2,", "4,", "6]", r.addr], p.stdout
+    assert "connected from 127.0.0.1" in r.log_text()
+  finally:
+    unpublish(pub)
+    r.stop()
