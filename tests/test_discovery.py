@@ -225,7 +225,7 @@ def test_tinygrad_remote_with_metal_runner_auto():
   try:
     code = "import client.remote_metal; from tinygrad import Tensor, Device; print((Tensor([1, 2, 3]) * 2).tolist(), Device['REMOTE'].runner.addr)"
     env = {**{k: v for k, v in os.environ.items() if k not in ("DEBUG", "BEAM")}, "PYTHONPATH": str(ROOT), "METAL_RUNNER": "auto",
-           "DEV": "REMOTE", "METAL_RUNNER_DISCOVER_TIMEOUT": "1.5", "METAL_RUNNER_DISCOVER_INTERFACES": "127.0.0.1"}
+           "DEV": "REMOTE", "METAL_RUNNER_DISCOVER_TIMEOUT": "3", "METAL_RUNNER_DISCOVER_INTERFACES": "127.0.0.1"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["[2,", "4,", "6]", r.addr], p.stdout
