@@ -2,8 +2,8 @@
 
 Prints what Rhello says (backend, device, CPU target or GPU family, capabilities, limits, protocol version), then measures the round
 trip (median of --pings Tping) and the write and read rates (--size bytes into one buffer and back, median of --repeat). HOST:PORT may be
-"auto": the first runner advertised with DNS-SD (client/discovery.py). Exit codes: 0 ok, 2 usage (or not HOST:PORT), 3 unreachable, 4 the runner refused
-the token (or wants one), 5 the peer is not a metal_runner, 1 any other failure.
+"auto": the first runner advertised with DNS-SD (client/discovery.py). Exit codes: 0 ok, 2 usage (or not HOST:PORT), 3 unreachable,
+4 the runner refused the token (or wants one), 5 the peer is not a metal_runner, 1 any other failure.
 """
 from __future__ import annotations
 import argparse, json, os, statistics, sys, time

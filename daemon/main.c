@@ -70,7 +70,8 @@ usage(FILE *f)
 "  -V, --version           show the version\n"
 "\n"
 "Sizes take a K, M or G suffix. With --port 0 the chosen port is printed\n"
-"on stdout as \"listening on HOST:PORT\". SIGHUP reads the token file again.\n");
+"on stdout as \"listening on HOST:PORT\". SIGHUP reads the token file\n"
+"again.\n");
 }
 
 static int

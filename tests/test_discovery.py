@@ -214,7 +214,8 @@ def test_dnssd_source_compiles_against_a_dns_sd_header(tmp_path, daemon_bin):
   flags = pc.stdout.split()
   d = ROOT / "daemon"
   r = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror",
-                      *[f for f in flags if not f.startswith("-l")], "-o", str(tmp_path / "mr_dnssd"), str(d / "main.c"), str(d / "advertise_dnssd.c"),
+                      *[f for f in flags if not f.startswith("-l")], "-o", str(tmp_path / "mr_dnssd"), str(d / "main.c"),
+                      str(d / "advertise_dnssd.c"),
                       str(d / "libmetal_runner.a"), "-lpthread", *[f for f in flags if f.startswith("-l")]], capture_output=True, text=True)
   assert r.returncode == 0, r.stderr
 

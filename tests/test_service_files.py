@@ -103,8 +103,8 @@ def test_log_is_plain_lines(tmp_path):
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed (setup.sh test installs it)")
 def test_cmake_install(tmp_path):
   b, prefix = tmp_path / "build", tmp_path / "prefix"
-  for cmd in (["cmake", "-S", str(ROOT), "-B", str(b), f"-DCMAKE_INSTALL_PREFIX={prefix}"], ["cmake", "--build", str(b), "-j2", "--target", "metal_runner"],
-              ["cmake", "--install", str(b)]):
+  for cmd in (["cmake", "-S", str(ROOT), "-B", str(b), f"-DCMAKE_INSTALL_PREFIX={prefix}"],
+              ["cmake", "--build", str(b), "-j2", "--target", "metal_runner"], ["cmake", "--install", str(b)]):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
   assert (prefix / "bin/metal_runner").exists() and (prefix / "lib/sysusers.d/metal_runner.conf").exists()
