@@ -69,4 +69,5 @@ fi
 make -s -C daemon
 if [ "${1:-}" = test ] && [ "$(uname -s)" = Linux ]; then
 	make -s -C daemon emu	# daemon/metal_runner_emu: the Metal emulator
+	make -s -C daemon metal_runner_avahi	# --advertise tests (tests/test_discovery.py)
 fi

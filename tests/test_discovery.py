@@ -148,9 +148,15 @@ publish-workstation=no
 """
 
 @pytest.fixture
-def avahi(tmp_path, daemon_bin):
+def avahi_bin() -> pathlib.Path:
+  """daemon/metal_runner_avahi: the runner built with Avahi (make metal_runner_avahi; setup.sh test builds it)."""
+  if not (b:=ROOT / "daemon" / "metal_runner_avahi").exists(): pytest.skip("daemon/metal_runner_avahi is not built (setup.sh test)")
+  if not built_with_avahi(b): pytest.skip(f"{b} is not linked with Avahi")
+  return b
+
+@pytest.fixture
+def avahi(tmp_path, avahi_bin):
   """A private avahi-daemon (loopback only) on a private system bus; yields the bus address."""
-  if not built_with_avahi(daemon_bin): pytest.skip("the runner is built without Avahi (Debian: libavahi-client-dev; setup.sh test)")
   if not (shutil.which("dbus-daemon") and shutil.which("avahi-daemon")): pytest.skip("dbus-daemon or avahi-daemon is not installed (setup.sh test)")
   if os.geteuid() != 0: pytest.skip("avahi-daemon must start as root (it then drops to its own user)")
   # avahi-daemon drops to its own user before it connects: the bus lives where that user can reach it (tmp_path's parents are 0700)
@@ -183,14 +189,14 @@ def avahi(tmp_path, daemon_bin):
         except subprocess.TimeoutExpired: p.kill(); p.wait()
     shutil.rmtree(busdir, ignore_errors=True)
 
-def test_advertise_with_avahi_is_found_by_the_client(avahi, tmp_path):
+def test_advertise_with_avahi_is_found_by_the_client(avahi, avahi_bin, tmp_path):
   """The Linux runner side end to end: metal_runner --advertise registers through avahi-daemon, the client finds it over mDNS on
   loopback, with the TXT record the runner wrote; a second runner with the same name gets Avahi's alternative; stopping withdraws."""
   name = f"mr-avahi-{uuid.uuid4().hex[:8]}"
   (tf := tmp_path / "token").write_bytes(b"t0ken")
   env = {"DBUS_SYSTEM_BUS_ADDRESS": avahi}
-  r1 = RunnerProc(f"--advertise={name}", "--token-file", str(tf), env=env)
-  r2 = RunnerProc(f"--advertise={name}", "--isolation", "thread", env=env)
+  r1 = RunnerProc(f"--advertise={name}", "--token-file", str(tf), binary=avahi_bin, env=env)
+  r2 = RunnerProc(f"--advertise={name}", "--isolation", "thread", binary=avahi_bin, env=env)
   try:
     assert f'advertising "{name}"' in r1.log_text(0.3) and f'advertising "{name} #2"' in r2.log_text(0), (r1.log, r2.log)
     found = {a.name: a for a in discovery.discover(timeout=2, interfaces=["127.0.0.1"])}
