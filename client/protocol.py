@@ -18,12 +18,14 @@ MAX_ERRTEXT = 1024
 NONCE_SIZE = 32
 MAC_SIZE = 32
 NO_CORE = 65535
+PROFILE_RECORDS = 65536  # records a session's profile holds
 
 # message types: a T-message is a request, its R-message (T+1) the reply
 RERROR = 1
 THELLO, RHELLO, TAUTH, RAUTH, TPING, RPING, TSYNC, RSYNC = 2, 3, 4, 5, 6, 7, 8, 9
 TALLOC, TFREE, TWRITE, TREAD, RREAD, TCOPY, TLOAD, TUNLOAD = 10, 12, 14, 16, 17, 18, 20, 22
 TLAUNCH, RLAUNCH, TGRAPH, TGRAPHRUN, RGRAPHRUN, TGRAPHFREE = 24, 25, 26, 28, 29, 30
+TCLOCK, RCLOCK, TPROFILE, RPROFILE = 32, 33, 34, 35
 
 FWAIT = 1  # hdr.flags on Tlaunch/Tgraphrun: wait and reply with the device time
 
@@ -43,6 +45,8 @@ PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_ME
 ARCH_NONE, ARCH_X86_64, ARCH_ARM64, ARCH_RISCV64 = 0, 1, 2, 3
 ARCHS = {ARCH_X86_64: "x86_64", ARCH_ARM64: "arm64", ARCH_RISCV64: "riscv64"}
 PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL = 1, 2, 3, 4
+PROFILE_OFF, PROFILE_ON = 0, 1  # Tprofile.mode
+PROF_LAUNCH, PROF_GRAPH, PROF_WRITE, PROF_READ, PROF_COPY = 1, 2, 3, 4, 5  # profile record kinds
 
 crc32 = zlib.crc32
 
@@ -93,7 +97,11 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (TGRAPH, "Tgraph", _GRAPH),
   (TGRAPHRUN, "Tgraphrun", _GRAPH),
   (RGRAPHRUN, "Rgraphrun", _TIME),
-  (TGRAPHFREE, "Tgraphfree", ("I", ("graph",)))]}
+  (TGRAPHFREE, "Tgraphfree", ("I", ("graph",))),
+  (TCLOCK, "Tclock", _SYNC),
+  (RCLOCK, "Rclock", ("IQ", ("pad", "clock"))),
+  (TPROFILE, "Tprofile", ("II", ("mode", "count"))),
+  (RPROFILE, "Rprofile", ("IIIII", ("count", "left", "lost", "cap", "pad")))]}
 TYPE_NAMES = {t: m.name for t, m in MSGS.items()}
 
 # records inside frames: a launch (Tlaunch, Tgraph) with its buffer args and int64 values, a Tgraphrun patch
@@ -101,6 +109,7 @@ LAUNCH = Msg("launch", "<" + _LAUNCH[0], _LAUNCH[1])
 ARG = Msg("arg", "<IIQ", ("handle", "pad", "offset"))
 VAL = struct.Struct("<q")
 PATCH = Msg("patch", "<IHHIIQ", ("entry", "kind", "index", "handle", "pad", "value"))
+PROF = Msg("prof", "<HHIIIQQQ", ("kind", "entry", "tag", "handle", "aux", "start", "end", "count"))  # an Rprofile record
 
 def is_request(t:int) -> bool: return t in MSGS and t % 2 == 0
 
@@ -123,6 +132,7 @@ def payload_len(type:int, f:dict) -> int|None:
   if type == TLOAD: return f["namelen"] + f["datalen"]
   if type == TLAUNCH: return 16 * f["nbufs"] + 8 * f["nvals"]
   if type == TGRAPHRUN: return 24 * f["count"]
+  if type == RPROFILE: return PROF.size * f["count"]
   return None if type == TGRAPH else 0
 
 def dims(d) -> tuple[int, int, int]: return tuple(d) + (1,) * (3 - len(d))

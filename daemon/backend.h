@@ -60,6 +60,19 @@ struct be_program_desc {
 	size_t datalen;
 };
 
+/*
+ * Profiling (protocol.md, Tprofile): where a backend stores when the device
+ * started and finished one piece of work, in ns of its clock(). The session
+ * passes one only while its client profiles; NULL otherwise, and then a
+ * backend times nothing it would not time anyway. A span is filled in by the
+ * time sync() (or a waited launch) returns; work that failed on the device
+ * may leave it 0, 0.
+ */
+struct be_span {
+	uint64_t start;
+	uint64_t end;
+};
+
 /* One launch with every handle already resolved by the session. */
 struct be_launch {
 	struct be_program *prog;
@@ -70,6 +83,7 @@ struct be_launch {
 	const int64_t *vals;		/* nvals integer arguments */
 	uint32_t global[3];
 	uint32_t local[3];
+	struct be_span *span;		/* profiling: this kernel's times, or NULL */
 };
 
 struct backend {
@@ -92,8 +106,10 @@ struct backend {
 	/* Host-visible memory of the buffer. The session reads from and writes
 	 * to the socket straight into it, after sync() when work is in flight. */
 	void *(*contents)(struct be_buffer *b);
+	/* span: profiling, the copy's times, or NULL (see struct be_span). */
 	int (*copy)(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
-	    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err);
+	    struct be_buffer *src, uint64_t srcoff, uint64_t count,
+	    struct be_span *span, char *err);
 
 	/* A message longer than err holds (a compiler's whole output) may
 	 * come in *longerr instead, malloc'd; the caller frees it. */
@@ -108,6 +124,9 @@ struct backend {
 	/* Wait for all work the session submitted; report a deferred device
 	 * error (a kernel that failed after launch returned). */
 	int (*sync)(struct be_session *s, char *err);
+	/* Now, in ns of the clock spans are measured in (Rclock): CPU,
+	 * CLOCK_MONOTONIC; Metal, the host time base of GPUStartTime. */
+	uint64_t (*clock)(void);
 };
 
 extern const struct backend be_cpu;

@@ -116,7 +116,9 @@ int
 sess_write(struct session *s, const struct proto_twrite *t)
 {
 	struct buffer *b = get_buffer(s, t->h.tag, t->handle);
+	struct be_span *span = NULL;
 	uint8_t *dst = NULL;
+	int rc;
 
 	if (b != NULL && !range_ok(b->size, t->offset, t->count))
 		sess_errorf(s, t->h.tag, PROTO_ERANGE, "write of %llu bytes at "
@@ -126,16 +128,26 @@ sess_write(struct session *s, const struct proto_twrite *t)
 		    (unsigned long long)b->size);
 	else if (b != NULL && settle(s, t->h.tag) == 0)
 		dst = (uint8_t *)s->be->contents(b->b) + t->offset;
-	return sess_take(s, dst, t->count) == -1 ? -2 : 0;
+	/* Profiling: the time the data took to arrive into the buffer. */
+	if (dst != NULL && (span = sess_prof_add(s, PROTO_PROF_WRITE,
+	    t->h.tag, t->handle, 0, 0, t->count)) != NULL)
+		span->start = sess_prof_now(s);
+	rc = sess_take(s, dst, t->count) == -1 ? -2 : 0;
+	if (span != NULL)
+		span->end = sess_prof_now(s);
+	return rc;
 }
+
+static int send_read(struct session *, const struct proto_tread *,
+    const uint8_t *);
 
 int
 sess_read(struct session *s, const struct proto_tread *t)
 {
 	struct buffer *b = get_buffer(s, t->h.tag, t->handle);
-	union proto_msg r;
-	uint8_t hdr[sizeof(struct proto_rread)];
 	const uint8_t *src;
+	struct be_span *span;
+	int rc;
 
 	if (b == NULL)
 		return sess_fail_reply(s);
@@ -156,6 +168,24 @@ sess_read(struct session *s, const struct proto_tread *t)
 	if (settle(s, t->h.tag) == -1)
 		return sess_fail_reply(s);
 	src = (const uint8_t *)s->be->contents(b->b) + t->offset;
+	/* Profiling: the time the data took to leave the buffer (into the
+	 * output buffer, or the socket for a large read). */
+	if ((span = sess_prof_add(s, PROTO_PROF_READ, t->h.tag, t->handle, 0,
+	    0, t->count)) != NULL)
+		span->start = sess_prof_now(s);
+	rc = send_read(s, t, src);
+	if (span != NULL)
+		span->end = sess_prof_now(s);
+	return rc;
+}
+
+/* The Rread for t, its data from src. */
+static int
+send_read(struct session *s, const struct proto_tread *t, const uint8_t *src)
+{
+	union proto_msg r;
+	uint8_t hdr[sizeof(struct proto_rread)];
+
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RREAD;
 	r.h.tag = t->h.tag;
@@ -187,6 +217,7 @@ int
 sess_copy(struct session *s, const struct proto_tcopy *t)
 {
 	struct buffer *d, *src;
+	struct be_span *span;
 
 	if ((d = get_buffer(s, t->h.tag, t->dst)) == NULL ||
 	    (src = get_buffer(s, t->h.tag, t->src)) == NULL)
@@ -201,9 +232,13 @@ sess_copy(struct session *s, const struct proto_tcopy *t)
 		    (unsigned long long)src->size, t->dst,
 		    (unsigned long long)t->dstoff,
 		    (unsigned long long)d->size);
+	span = sess_prof_add(s, PROTO_PROF_COPY, t->h.tag, t->dst, t->src, 0,
+	    t->count);
 	if (s->be->copy(s->bs, d->b, t->dstoff, src->b, t->srcoff, t->count,
-	    s->err) == -1)
+	    span, s->err) == -1) {
+		sess_prof_drop(s, span != NULL);
 		return sess_errorf(s, t->h.tag, PROTO_EDEVICE, "%s", s->err);
+	}
 	s->dirty = 1;
 	return 0;
 }

@@ -103,6 +103,7 @@ resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
 	l->vals = vals;
 	memcpy(l->global, pl->global, sizeof(l->global));
 	memcpy(l->local, pl->local, sizeof(l->local));
+	l->span = NULL;
 	return 0;
 }
 
@@ -202,9 +203,11 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	    &name) == -1)
 		return wait ? sess_fail_reply(s) : -1;
 	timed = wait || log_verbose >= 2;
+	l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog, 0, 0, 0);
 	arm_crash(s, m->h.tag, name);
 	if (s->be->launch(s->bs, &l, 1, timed, &ns, s->err) == -1) {
 		disarm_crash(s);
+		sess_prof_drop(s, l.span != NULL);
 		sess_errorf(s, m->h.tag, PROTO_EDEVICE, "kernel %s: %s", name,
 		    s->err);
 		return wait ? sess_fail_reply(s) : -1;
@@ -364,7 +367,7 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 {
 	struct graph *g = htab_get(&s->graphs, t->graph);
 	const uint8_t *body = frame + sizeof(*t);
-	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a;
+	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a, nprof = 0;
 	int wait = (t->h.flags & PROTO_FWAIT) != 0, timed;
 	struct proto_patch p;
 	const char *name = "?";
@@ -414,11 +417,16 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 		a += e->l.nbufs;
 	}
 	timed = wait || log_verbose >= 2;
+	for (i = 0; s->prof != NULL && i < g->count; i++)
+		if ((s->launches[i].span = sess_prof_add(s, PROTO_PROF_GRAPH,
+		    t->h.tag, g->e[i].l.prog, t->graph, (unsigned)i, 0)) != NULL)
+			nprof++;
 	snprintf(gname, sizeof(gname), "in graph %u", t->graph);
 	arm_crash(s, t->h.tag, gname);
 	if (s->be->launch(s->bs, s->launches, g->count, timed, &ns,
 	    s->err) == -1) {
 		disarm_crash(s);
+		sess_prof_drop(s, nprof);
 		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "graph %u: %s",
 		    t->graph, s->err);
 		return wait ? sess_fail_reply(s) : -1;

@@ -24,6 +24,7 @@
 #define ARG_SIZE	16
 #define VAL_SIZE	8
 #define PATCH_SIZE	24
+#define PROF_SIZE	40	/* a profile record */
 
 struct field {
 	uint16_t	off;	/* on the wire, from the start of frame or record */
@@ -116,6 +117,17 @@ static const struct field f_tgraphfree[] = {
 	FI(proto_tgraphfree, graph, 12)
 };
 
+static const struct field f_rclock[] = {
+	FI(proto_rclock, clock, 16)
+};
+static const struct field f_tprofile[] = {
+	FI(proto_tprofile, mode, 12), FI(proto_tprofile, count, 16)
+};
+static const struct field f_rprofile[] = {
+	FI(proto_rprofile, count, 12), FI(proto_rprofile, left, 16),
+	FI(proto_rprofile, lost, 20), FI(proto_rprofile, cap, 24)
+};
+
 /* Records inside a frame; offsets are from the start of the record. */
 static const struct field f_launch[] = {
 	FI(proto_launch, prog, 0), FI(proto_launch, nbufs, 4),
@@ -131,6 +143,12 @@ static const struct field f_patch[] = {
 	FI(proto_patch, entry, 0), FI(proto_patch, kind, 4),
 	FI(proto_patch, index, 6), FI(proto_patch, handle, 8),
 	FI(proto_patch, value, 16)
+};
+static const struct field f_prof[] = {
+	FI(proto_prof, kind, 0), FI(proto_prof, entry, 2),
+	FI(proto_prof, tag, 4), FI(proto_prof, handle, 8),
+	FI(proto_prof, aux, 12), FI(proto_prof, start, 16),
+	FI(proto_prof, end, 24), FI(proto_prof, count, 32)
 };
 
 struct msgdef {
@@ -166,7 +184,11 @@ static const struct msgdef msgs[] = {
 	[PROTO_TGRAPH] = M("Tgraph", 24, f_tgraph),
 	[PROTO_TGRAPHRUN] = M("Tgraphrun", 24, f_tgraphrun),
 	[PROTO_RGRAPHRUN] = M("Rgraphrun", 24, f_rtime),
-	[PROTO_TGRAPHFREE] = M("Tgraphfree", 16, f_tgraphfree)
+	[PROTO_TGRAPHFREE] = M("Tgraphfree", 16, f_tgraphfree),
+	[PROTO_TCLOCK] = { "Tclock", 12, NULL, 0 },
+	[PROTO_RCLOCK] = M("Rclock", 24, f_rclock),
+	[PROTO_TPROFILE] = M("Tprofile", 20, f_tprofile),
+	[PROTO_RPROFILE] = M("Rprofile", 32, f_rprofile)
 };
 
 static const char *const errnames[] = {
@@ -441,6 +463,13 @@ proto_check_size(const union proto_msg *m, char *err)
 			    "not its %" PRIu32 "-byte fixed part + 24 * count %"
 			    PRIu32, size, d->size, m->tgraphrun.count);
 		return 0;
+	case PROTO_RPROFILE:
+		if (!size_is(size, d->size,
+		    (uint64_t)PROF_SIZE * m->rprofile.count))
+			return fail(err, "Rprofile frame size %" PRIu32 " is "
+			    "not its %" PRIu32 "-byte fixed part + 40 * count %"
+			    PRIu32, size, d->size, m->rprofile.count);
+		return 0;
 	case PROTO_TGRAPH:
 		/* Records are checked one by one by proto_get_launch. */
 		if (size < d->size)
@@ -554,6 +583,16 @@ proto_get_patch(const uint8_t *buf, size_t len, size_t i,
 	memset(p, 0, sizeof(*p));
 	get_fields(buf + PATCH_SIZE * i, f_patch, nitems(f_patch), p);
 	return 0;
+}
+
+size_t
+proto_put_prof(uint8_t *buf, size_t cap, const struct proto_prof *r)
+{
+	if (cap < PROF_SIZE)
+		return 0;
+	memset(buf, 0, PROF_SIZE);
+	put_fields(buf, f_prof, nitems(f_prof), r);
+	return PROF_SIZE;
 }
 
 size_t

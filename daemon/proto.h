@@ -38,6 +38,9 @@ union proto_msg {
 	struct proto_tgraph tgraph;
 	struct proto_tgraphrun tgraphrun;
 	struct proto_tgraphfree tgraphfree;
+	struct proto_rclock rclock;		/* Tclock is a proto_sync */
+	struct proto_tprofile tprofile;
+	struct proto_rprofile rprofile;
 };
 
 /* Size of the fixed part (header included) of a message type, 0 if the
@@ -79,6 +82,9 @@ size_t proto_put_launch(uint8_t *buf, size_t cap, const struct proto_launch *l,
 /* Decode patch i of a Tgraphrun body (the bytes after its fixed part). */
 int proto_get_patch(const uint8_t *buf, size_t len, size_t i,
     struct proto_patch *p, char *err);
+
+/* Encode one profile record (40 bytes); return 40, or 0 if cap is short. */
+size_t proto_put_prof(uint8_t *buf, size_t cap, const struct proto_prof *r);
 
 /* Encode a complete Rerror frame (header, code, text truncated to
  * PROTO_MAX_ERRTEXT, or to maxtext bytes with _n, at a UTF-8 character

@@ -34,6 +34,7 @@
 #define PROTO_NONCE_SIZE 32
 #define PROTO_MAC_SIZE 32
 #define PROTO_NO_CORE 65535		/* Tload.corearg: no core_id argument */
+#define PROTO_PROFILE_RECORDS 65536	/* records a session's profile holds */
 
 /* Message types: a T-message is a request, its R-message the reply (T+1). */
 enum proto_type {
@@ -52,7 +53,9 @@ enum proto_type {
 	PROTO_TLAUNCH = 24,	PROTO_RLAUNCH = 25,	/* reply only with FWAIT */
 	PROTO_TGRAPH = 26,				/* no reply */
 	PROTO_TGRAPHRUN = 28,	PROTO_RGRAPHRUN = 29,	/* reply only with FWAIT */
-	PROTO_TGRAPHFREE = 30				/* no reply */
+	PROTO_TGRAPHFREE = 30,				/* no reply */
+	PROTO_TCLOCK = 32,	PROTO_RCLOCK = 33,
+	PROTO_TPROFILE = 34,	PROTO_RPROFILE = 35
 };
 
 /* hdr.flags */
@@ -116,6 +119,21 @@ enum proto_patch_kind {
 	PROTO_PATCH_VAL = 2,	/* integer argument index := value */
 	PROTO_PATCH_GLOBAL = 3,	/* global size dimension index (0..2) := value */
 	PROTO_PATCH_LOCAL = 4	/* local size dimension index (0..2) := value */
+};
+
+/* Tprofile.mode */
+enum proto_profile_mode {
+	PROTO_PROFILE_OFF = 0,	/* stop recording; records not returned are dropped */
+	PROTO_PROFILE_ON = 1	/* record every kernel and copy from now on */
+};
+
+/* Profile record kinds */
+enum proto_prof_kind {
+	PROTO_PROF_LAUNCH = 1,	/* a Tlaunch's kernel */
+	PROTO_PROF_GRAPH = 2,	/* one entry of a Tgraphrun */
+	PROTO_PROF_WRITE = 3,	/* a Twrite's data into its buffer */
+	PROTO_PROF_READ = 4,	/* an Rread's data out of its buffer */
+	PROTO_PROF_COPY = 5	/* a Tcopy on the device */
 };
 
 /* size[4] type[2] flags[2] tag[4] */
@@ -318,6 +336,44 @@ struct proto_tgraphrun {
 struct proto_tgraphfree {
 	struct proto_hdr h;
 	uint32_t graph;
+};
+
+/* size[4] Tclock tag[4]: a proto_sync. size[4] Rclock tag[4] pad[4] clock[8] */
+struct proto_rclock {
+	struct proto_hdr h;
+	uint32_t pad;
+	uint64_t clock;
+};
+
+/* size[4] Tprofile tag[4] mode[4] count[4] */
+struct proto_tprofile {
+	struct proto_hdr h;
+	uint32_t mode;
+	uint32_t count;
+};
+
+/* size[4] Rprofile tag[4] count[4] left[4] lost[4] cap[4] pad[4]
+ *   record[40*count] */
+struct proto_rprofile {
+	struct proto_hdr h;
+	uint32_t count;
+	uint32_t left;
+	uint32_t lost;
+	uint32_t cap;
+	uint32_t pad;
+};
+
+/* One profile record: kind[2] entry[2] tag[4] handle[4] aux[4] start[8]
+ *   end[8] count[8]; start and end in the runner's clock (Rclock), ns. */
+struct proto_prof {
+	uint16_t kind;
+	uint16_t entry;
+	uint32_t tag;
+	uint32_t handle;
+	uint32_t aux;
+	uint64_t start;
+	uint64_t end;
+	uint64_t count;
 };
 
 #endif

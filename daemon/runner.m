@@ -32,6 +32,9 @@
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 #include <dispatch/dispatch.h>
+#ifdef __APPLE__
+#include <mach/mach_time.h>
+#endif
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -39,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "metal_runner.h"
@@ -106,6 +110,11 @@ struct be_session {
 	size_t nopen;			/* commands encoded into open */
 	id <MTLCommandBuffer> flight[MTL_INFLIGHT];	/* owned; committed */
 	size_t nflight;
+	/* Profiling: where the GPU times of open and of each flight[i] go
+	 * once it completes, or NULL. A profiled command buffer holds one
+	 * launch or copy, the only way to time each with GPUStartTime. */
+	struct be_span *ospan;
+	struct be_span *fspan[MTL_INFLIGHT];
 	char err[BE_ERR_MAX];		/* first failure of a committed buffer */
 };
 
@@ -113,6 +122,9 @@ static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
 static pthread_mutex_t mtl_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
 static uint64_t mtl_clock;		/* under mtl_lock */
+#ifdef __APPLE__
+static mach_timebase_info_data_t mtl_timebase;	/* read-only after open */
+#endif
 
 static void mtl_seterr(char *, const char *, ...)
     __attribute__((format(printf, 2, 3)));
@@ -421,6 +433,13 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	[all release];
 	all = nil;
 
+#ifdef __APPLE__
+	/* Ticks to ns, for the profile clock (mtl_now_ns). */
+	if (mach_timebase_info(&mtl_timebase) != 0 || mtl_timebase.denom == 0) {
+		mtl_seterr(err, "mach_timebase_info failed");
+		goto fail;
+	}
+#endif
 	memset(info, 0, sizeof(*info));
 	info->backend = PROTO_BACKEND_METAL;
 	info->caps = PROTO_CAP_METALLIB | PROTO_CAP_METAL_SOURCE;
@@ -472,6 +491,39 @@ mtl_close(void)
 /* ---- command buffers ---- */
 
 /*
+ * The clock of GPUStartTime and GPUEndTime, in ns: host time, the
+ * mach_absolute_time base (CACurrentMediaTime is it in seconds). Ticks
+ * times numer / denom cannot overflow for centuries of uptime (numer 125
+ * at 24 MHz on Apple silicon). The emulator build (tests/metal_emulator,
+ * Linux) has no mach time: it stamps command buffers with CLOCK_MONOTONIC.
+ */
+static uint64_t
+mtl_now_ns(void)
+{
+#ifdef __APPLE__
+	return mach_absolute_time() * mtl_timebase.numer / mtl_timebase.denom;
+#else
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+/* A completed command buffer's GPU times into span (seconds to ns). */
+static void
+mtl_span(id <MTLCommandBuffer> cb, struct be_span *span)
+{
+	CFTimeInterval t0 = [cb GPUStartTime], t1 = [cb GPUEndTime];
+
+	if ([cb status] != MTLCommandBufferStatusCompleted || t0 <= 0 ||
+	    t1 < t0)
+		return;		/* failed work keeps 0, 0 */
+	span->start = (uint64_t)(t0 * 1e9);
+	span->end = (uint64_t)(t1 * 1e9);
+}
+
+/*
  * Release the session's committed command buffers that have finished (all
  * of them, waiting, with waitall), keeping the first failure for sync.
  */
@@ -490,11 +542,14 @@ mtl_reap(struct be_session *s, int waitall)
 		st = [cb status];
 		if (st != MTLCommandBufferStatusCompleted &&
 		    st != MTLCommandBufferStatusError) {
+			s->fspan[k] = s->fspan[i];
 			s->flight[k++] = cb;
 			continue;
 		}
 		if (st == MTLCommandBufferStatusError && s->err[0] == '\0')
 			mtl_nserr(s->err, "GPU work failed", [cb error]);
+		if (s->fspan[i] != NULL)
+			mtl_span(cb, s->fspan[i]);
 		[cb release];
 	}
 	s->nflight = k;
@@ -514,7 +569,9 @@ mtl_commit(struct be_session *s)
 	}
 	/* Submit the command buffer; the queue runs them in order. */
 	[s->open commit];
+	s->fspan[s->nflight] = s->ospan;
 	s->flight[s->nflight++] = s->open;	/* the list takes our reference */
+	s->ospan = NULL;
 	s->open = nil;
 	s->nopen = 0;
 }
@@ -674,7 +731,8 @@ mtl_contents(struct be_buffer *b)
 
 static int
 mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
-    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err)
+    struct be_buffer *src, uint64_t srcoff, uint64_t count,
+    struct be_span *span, char *err)
 {
 	id <MTLCommandBuffer> cb;
 	id <MTLBlitCommandEncoder> blit;
@@ -692,10 +750,17 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 		 * Storage is shared: wait for the GPU, then memmove on the CPU.
 		 */
 		mtl_drain(s);
+		if (span != NULL)
+			span->start = mtl_now_ns();
 		memmove((uint8_t *)dst->ptr + dstoff,
 		    (const uint8_t *)src->ptr + srcoff, (size_t)count);
+		if (span != NULL)
+			span->end = mtl_now_ns();
 		return 0;
 	}
+	/* Profiling: the copy gets a command buffer of its own. */
+	if (span != NULL)
+		mtl_commit(s);
 	if ((cb = mtl_cmdbuf(s, err)) == nil)
 		return -1;
 	/* Start a blit pass; it runs after the passes encoded before it. */
@@ -712,19 +777,24 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	    size:(NSUInteger)count];
 	/* End the blit pass. */
 	[blit endEncoding];
-	if (++s->nopen >= MTL_BATCH)
+	if (span != NULL) {
+		s->ospan = span;
+		mtl_commit(s);
+	} else if (++s->nopen >= MTL_BATCH)
 		mtl_commit(s);
 	return 0;
 }
 
 static int
 mtl_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
-    struct be_buffer *src, uint64_t srcoff, uint64_t count, char *err)
+    struct be_buffer *src, uint64_t srcoff, uint64_t count,
+    struct be_span *span, char *err)
 {
 	int r;
 
 	@autoreleasepool {
-		r = mtl_copy_body(s, dst, dstoff, src, srcoff, count, err);
+		r = mtl_copy_body(s, dst, dstoff, src, srcoff, count, span,
+		    err);
 	}
 	return r;
 }
@@ -918,6 +988,76 @@ mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
 	    l->local[1], l->local[2])];
 }
 
+/* Start a compute pass in cb. */
+static id <MTLComputeCommandEncoder>
+mtl_pass(id <MTLCommandBuffer> cb, char *err)
+{
+	id <MTLComputeCommandEncoder> enc = [cb computeCommandEncoder];
+
+	if (enc == nil) {
+		fprintf(stderr, "%s: computeCommandEncoder returned nil\n",
+		    __func__);
+		mtl_seterr(err, "Metal could not create a compute encoder");
+	}
+	return enc;
+}
+
+/*
+ * Profiling: each launch in a command buffer of its own, whose GPU start
+ * and end times are that kernel's. This costs a commit per kernel, and a
+ * graph is no longer one submission while the client profiles (protocol.md,
+ * Tprofile). Counter sample buffers (MTLCounterSampleBuffer) could time
+ * the kernels inside one command buffer, with a pass per kernel where the
+ * GPU samples only at pass boundaries; the Metal emulator does not have
+ * them, so that is left until it can be tested on a Mac.
+ */
+static int
+mtl_launch_each(struct be_session *s, const struct be_launch *l, size_t n,
+    int wait, uint64_t *ns, char *err)
+{
+	id <MTLCommandBuffer> cb, first = nil, last = nil;
+	id <MTLComputeCommandEncoder> enc;
+	CFTimeInterval t;
+	size_t i;
+	int r = -1;
+
+	mtl_commit(s);
+	for (i = 0; i < n; i++) {
+		if ((cb = mtl_cmdbuf(s, err)) == nil)
+			goto done;
+		/* Start a compute pass for this one launch. */
+		if ((enc = mtl_pass(cb, err)) == nil)
+			goto done;
+		mtl_encode(enc, &l[i]);
+		/* End the compute pass. */
+		[enc endEncoding];
+		if (wait && first == nil)
+			first = [cb retain];
+		if (wait && i == n - 1)
+			last = [cb retain];
+		/* Submit it, with where its times go. */
+		s->ospan = l[i].span;
+		mtl_commit(s);
+	}
+	if (!wait)
+		return 0;
+	/* Wait for the GPU; a failure of any of them is this launch's. */
+	mtl_drain(s);
+	if (s->err[0] != '\0') {
+		memcpy(err, s->err, BE_ERR_MAX);
+		s->err[0] = '\0';
+		goto done;
+	}
+	t = [last GPUEndTime] - [first GPUStartTime];
+	if (ns != NULL && t > 0)
+		*ns = (uint64_t)(t * 1e9);
+	r = 0;
+done:
+	[first release];
+	[last release];
+	return r;
+}
+
 static int
 mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
     int wait, uint64_t *ns, char *err)
@@ -950,6 +1090,8 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 			return -1;
 		}
 	}
+	if (l[0].span != NULL)
+		return mtl_launch_each(s, l, n, wait, ns, err);
 	if ((cb = mtl_cmdbuf(s, err)) == nil)
 		return -1;
 
@@ -959,13 +1101,8 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 	 * sees the writes of the one before, as with a pass per launch, at the
 	 * cost of one encoder instead of n.
 	 */
-	enc = [cb computeCommandEncoder];
-	if (enc == nil) {
-		fprintf(stderr, "%s: computeCommandEncoder returned nil\n",
-		    __func__);
-		mtl_seterr(err, "Metal could not create a compute encoder");
+	if ((enc = mtl_pass(cb, err)) == nil)
 		return -1;
-	}
 	for (i = 0; i < n; i++)
 		mtl_encode(enc, &l[i]);
 	/* End the compute pass. */
@@ -1024,4 +1161,5 @@ const struct backend be_metal = {
 	.unload = mtl_unload,
 	.launch = mtl_launch,
 	.sync = mtl_sync,
+	.clock = mtl_now_ns,
 };

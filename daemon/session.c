@@ -429,6 +429,12 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	case PROTO_TGRAPHFREE:
 		rc = sess_graphfree(s, &m->tgraphfree);
 		break;
+	case PROTO_TCLOCK:
+		rc = sess_clock(s, m);
+		break;
+	case PROTO_TPROFILE:
+		rc = sess_profile(s, &m->tprofile);
+		break;
 	default:	/* proto_check_hdr admits only the types above */
 		return sess_fatal(s, m->h.tag, PROTO_EPROTO,
 		    "unexpected type") == -1 ? -2 : 0;
@@ -526,6 +532,7 @@ done:
 	htab_clear(&s->progs, sess_release_program, s);
 	if (s->bs != NULL)
 		s->be->session_close(s->bs);
+	sess_prof_free(s);
 	mr_session_leave(slot);
 	close(fd);
 	free(s->in);

@@ -79,6 +79,8 @@ struct session {
 	uint64_t *loffs;
 	size_t launchcap, argcap;
 
+	struct prof *prof;	/* profile.c: NULL unless the client profiles */
+
 	char err[PROTO_ERRLEN];
 };
 
@@ -132,5 +134,16 @@ int sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
     const uint8_t *frame);
 int sess_graphfree(struct session *s, const struct proto_tgraphfree *t);
 void sess_release_graph(void *v, void *arg);	/* htab_clear callback */
+
+/* profile.c */
+/* A record for work of request tag; returns where its times go, or NULL
+ * when the client does not profile (or the ring is full). */
+struct be_span *sess_prof_add(struct session *s, unsigned kind, uint32_t tag,
+    uint32_t handle, uint32_t aux, unsigned entry, uint64_t count);
+void sess_prof_drop(struct session *s, size_t n);
+uint64_t sess_prof_now(struct session *s);
+void sess_prof_free(struct session *s);
+int sess_clock(struct session *s, const union proto_msg *m);
+int sess_profile(struct session *s, const struct proto_tprofile *t);
 
 #endif

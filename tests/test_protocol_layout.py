@@ -13,12 +13,12 @@ ENUMS = re.findall(r"^enum (proto_\w+) \{", HDR_TEXT, re.M)
 DEFINES = re.findall(r"^#define (PROTO_\w+)\s+(?:0x[0-9a-fA-F]+|\d+)", HDR_TEXT, re.M)
 
 def py_layouts() -> dict:
-  out = {"proto_hdr": [P.HDR], "proto_launch": [P.LAUNCH], "proto_arg": [P.ARG], "proto_patch": [P.PATCH]}
+  out = {"proto_hdr": [P.HDR], "proto_launch": [P.LAUNCH], "proto_arg": [P.ARG], "proto_patch": [P.PATCH], "proto_prof": [P.PROF]}
   for t, member in MEMBER.items(): out.setdefault(f"proto_{member}", []).append(P.MSGS[t])
   return out
 
 def test_every_struct_has_a_python_layout():
-  assert len(STRUCTS) == 24 and set(STRUCTS) == set(py_layouts())
+  assert len(STRUCTS) == 28 and set(STRUCTS) == set(py_layouts())
 
 @pytest.mark.parametrize("struct", STRUCTS)
 def test_struct_layout(struct):
@@ -34,14 +34,14 @@ def test_fixed_sizes_and_request_types():
     assert lib.proto_fixed_size(t) == (P.MSGS[t].size if t in P.MSGS else 0), t
     assert lib.proto_is_request(t) == P.is_request(t), t
   assert lib.proto_fixed_size(0xffffffff) == 0 and lib.proto_fixed_size(65536 + P.TLOAD) == 0
-  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30]
+  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34]
 
 def test_constants():
   ffi, lib = build()
-  assert len(DEFINES) == 11 and len(ENUMS) == 8
+  assert len(DEFINES) == 12 and len(ENUMS) == 10
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 11 + 23 + 1 + 16 + 2 + 5 + 3 + 4 + 4
+  assert len(names) == 12 + 27 + 1 + 16 + 2 + 5 + 3 + 4 + 4 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
@@ -94,6 +94,12 @@ VECTORS = [
    P.patch(0, P.PATCH_BUF, 1, 0xfffffff0, 1 << 40) + P.patch(1, P.PATCH_VAL, 0, 0, -5) + P.patch(0xffffffff, P.PATCH_LOCAL, 2, 0, 9)),
   (P.RGRAPHRUN, 0, 14, dict(ns=123456789012), b""),
   (P.TGRAPHFREE, 0, 15, dict(graph=0xabcdef01), b""),
+  (P.TCLOCK, 0, 16, {}, b""),
+  (P.RCLOCK, 0, 16, dict(clock=0xfedcba9876543210), b""),
+  (P.TPROFILE, 0, 17, dict(mode=P.PROFILE_ON, count=0xffffffff), b""),
+  (P.RPROFILE, 0, 17, dict(count=2, left=0x01020304, lost=0xfffffffe, cap=P.PROFILE_RECORDS),
+   P.PROF.pack(kind=P.PROF_GRAPH, entry=0xfffe, tag=0xdeadbeef, handle=7, aux=0x80000001, start=1 << 63, end=(1 << 64) - 1, count=0)
+   + P.PROF.pack(kind=P.PROF_COPY, entry=0, tag=1, handle=2, aux=3, start=4, end=5, count=0x0102030405060708)),
 ]
 
 def test_vectors_cover_every_type():
@@ -178,6 +184,21 @@ def test_patches():
   assert got == [P.PATCH.unpack(body, 24 * i) for i in range(3)]
   assert got[0] == dict(entry=0, kind=P.PATCH_BUF, index=1, handle=0xfffffff0, pad=0, value=1 << 40)
   assert got[1]["value"] == 2**64 - 5 and got[2]["entry"] == 0xffffffff and got[2]["kind"] == P.PATCH_LOCAL
+
+@pytest.mark.parametrize("rec", [dict(kind=P.PROF_LAUNCH, entry=0, tag=0xffffffff, handle=0x8badf00d, aux=0, start=1, end=2, count=0),
+                                 dict(kind=P.PROF_GRAPH, entry=0xffff, tag=3, handle=4, aux=0xfffffff0, start=1 << 63, end=(1 << 64) - 1,
+                                      count=0x1122334455667788)])
+def test_put_prof_matches_python(rec):
+  ffi, lib = build()
+  buf = ffi.new("uint8_t[]", 48)
+  assert lib.proto_put_prof(buf, 48, ffi.new("struct proto_prof *", rec)) == P.PROF.size == 40
+  assert bytes(ffi.buffer(buf, 40)) == P.PROF.pack(**rec)
+  assert lib.proto_put_prof(buf, 39, ffi.new("struct proto_prof *", rec)) == 0
+
+def test_rprofile_size_counts_its_records():
+  frame = P.pack(P.RPROFILE, 1, 0, 40, count=2) + bytes(40)
+  assert check_size(frame)[0] == -1 and "40 * count 2" in check_size(frame)[1]
+  assert check_size(P.pack(P.RPROFILE, 1, 0, 80, count=2) + bytes(80)) == (0, "")
 
 def test_rerror_matches_python():
   ffi, lib = build()
