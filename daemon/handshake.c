@@ -118,7 +118,9 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.version = PROTO_VERSION;
 	r.rhello.maxmsg = s->maxmsg;
 	r.rhello.backend = info->backend;
-	r.rhello.caps = info->caps | (cfg->token != NULL ? PROTO_CAP_AUTH : 0);
+	/* Tclock and Tprofile are the session's, on every backend. */
+	r.rhello.caps = info->caps | PROTO_CAP_PROFILE |
+	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0);
 	r.rhello.ncores = info->ncores;
 	r.rhello.memory = cfg->total_mem ? min64(cfg->total_mem, info->memory) :
 	    info->memory;

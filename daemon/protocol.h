@@ -95,7 +95,8 @@ enum proto_cap {
 	PROTO_CAP_UNIFIED = 2,		/* device memory is host memory */
 	PROTO_CAP_CPU_IMAGE = 4,	/* accepts PROTO_PROG_CPU_IMAGE */
 	PROTO_CAP_METALLIB = 8,		/* accepts PROTO_PROG_METALLIB */
-	PROTO_CAP_METAL_SOURCE = 16	/* accepts PROTO_PROG_METAL_SOURCE */
+	PROTO_CAP_METAL_SOURCE = 16,	/* accepts PROTO_PROG_METAL_SOURCE */
+	PROTO_CAP_PROFILE = 32		/* accepts Tclock and Tprofile */
 };
 
 /* Tload.kind */

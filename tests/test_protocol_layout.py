@@ -41,7 +41,7 @@ def test_constants():
   assert len(DEFINES) == 12 and len(ENUMS) == 10
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 12 + 27 + 1 + 16 + 2 + 5 + 3 + 4 + 4 + 2 + 5
+  assert len(names) == 12 + 27 + 1 + 16 + 2 + 6 + 3 + 4 + 4 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
