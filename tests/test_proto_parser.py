@@ -37,7 +37,7 @@ def test_hdr_size_over_maxmsg():
   rc, err = check_hdr(frame(P.TPING, size=0xffffffff))
   assert rc == -1 and "4294967295" in err and str(P.DEFAULT_MAXMSG) in err
 
-@pytest.mark.parametrize("t", [0, 11, 13, 31, 32, 1000, 0xffff])
+@pytest.mark.parametrize("t", [0, 11, 13, 31, 36, 1000, 0xffff])
 def test_hdr_unknown_type(t):
   f = bytearray(frame(P.TSYNC))
   f[4:6] = t.to_bytes(2, "little")
@@ -149,7 +149,7 @@ def test_size_tgraph_only_fixed_part():
   rc, err = cs(P.TGRAPH, size=23, count=1)
   assert rc == -1 and err == "Tgraph frame size 23 is smaller than its 24-byte fixed part"
 
-@pytest.mark.parametrize("t", [P.THELLO, P.TAUTH, P.TSYNC, P.TALLOC, P.TFREE, P.TREAD, P.TCOPY, P.TUNLOAD, P.TGRAPHFREE])
+@pytest.mark.parametrize("t", [P.THELLO, P.TAUTH, P.TSYNC, P.TALLOC, P.TFREE, P.TREAD, P.TCOPY, P.TUNLOAD, P.TGRAPHFREE, P.TCLOCK, P.TPROFILE])
 def test_size_fixed_messages_exact(t):
   fixed = P.MSGS[t].size
   assert check_size(frame(t)) == (0, "")

@@ -49,6 +49,8 @@ class Session:
     return self.req(P.TGRAPHRUN, b"".join(patches), P.FWAIT if wait else 0, graph=gid, count=len(patches))
   def graphfree(self, gid:int): return self.req(P.TGRAPHFREE, graph=gid)
   def auth(self, cnonce:bytes=bytes(32), mac:bytes=bytes(32)): return self.req(P.TAUTH, cnonce=cnonce, mac=mac)
+  def clock(self): return self.req(P.TCLOCK)
+  def profile(self, mode:int=P.PROFILE_ON, count:int=0xffffffff): return self.req(P.TPROFILE, mode=mode, count=count)
   def bytes(self, opt:int=0) -> bytes: return bytes([opt]) + bytes(self.b)
 
 def many_errors(s:Session, n:int=70) -> Session:
@@ -80,6 +82,11 @@ def sessions() -> dict[str, bytes]:
     "errors_in_order": S().free(9).write(9, 0, b"abc").alloc(1, 8).alloc(1, 8).write(1, 4, b"too long").read(1, 9, 1)
                        .copy(1, 1, 0, 4, 8).unload(4).graphfree(4).launch(4, [], []).alloc(2, 0).ping().bytes(),
     "many_errors": many_errors(S()).ping().bytes(),
+    "profile": S().clock().profile(count=0).alloc(1, 16).alloc(2, 16).load(1).write(1, 0, bytes(16)).copy(2, 1, 0, 0, 8)
+               .launch(1, [(1, 0), (2, 0)], [4]).launch(1, [(1, 0), (9, 0)], [4]).launch(1, [(1, 0), (1, 0)], [1], g=(1, 1, FAIL_LAUNCH))
+               .graph(3, [rec(1, [(1, 0), (2, 0)], [4])] * 3).graphrun(3, [], wait=True).read(2, 0, 16).profile(count=2).profile(mode=5)
+               .launch(1, [(1, 0), (1, 0)], [1], g=(1, 1, FAIL_SYNC)).profile().clock().profile(P.PROFILE_OFF).copy(2, 1, 0, 0, 8)
+               .profile().bytes(),
     "load_errors": S().load(1, image=b"").load(1, kind=P.PROG_METALLIB).load(2, arch=P.ARCH_ARM64).load(3, crc=0).load(4, entry=100)
                    .load(5, nbufs=40, nvals=30).load(6, corearg=9).load(7, name=b"").load(1).load(1).ping().bytes(),
     "launch_errors": S().alloc(1, 16).load(1).launch(1, [(1, 0)], []).launch(1, [(1, 0), (1, 0)], [1], g=(0, 1, 1))
