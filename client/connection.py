@@ -229,6 +229,20 @@ class Runner:
     self._out += data
     return self._wait(tag, P.RPING)["data"]
 
+  def clock(self) -> tuple[int, int, int]:
+    """One Tclock, with nothing else in flight: (host perf_counter_ns when sent, the runner's profile clock, host ns when the Rclock
+    arrived). protocol.md, Tclock: the runner clock was read within that interval."""
+    self._flush("Tclock")
+    tag = self._small(P.TCLOCK, _HDR, "Tclock")
+    t0 = time.perf_counter_ns()
+    f = self._wait(tag, P.RCLOCK)
+    return t0, f["clock"], time.perf_counter_ns()
+
+  def profile(self, mode:int, count:int=0xffffffff) -> tuple[list[dict], int, int, int]:
+    """One Tprofile (it waits for the session's work, as sync does): ([P.PROF records], left, lost, cap)."""
+    f = self._wait(self._send(P.TPROFILE, f"Tprofile mode={mode}", mode=mode, count=count), P.RPROFILE)
+    return [P.PROF.unpack(f["data"], P.PROF.size * i) for i in range(f["count"])], f["left"], f["lost"], f["cap"]
+
   def _small(self, type:int, st:struct.Struct, desc, *fields) -> int:
     """Queue a request whose fixed part is the header plus u32 fields, with a precompiled struct (the waiting requests' hot path)."""
     if self._dead is not None: self._check(desc)

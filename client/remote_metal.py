@@ -7,12 +7,13 @@ import atexit, contextlib, hashlib, os, pathlib, re, select, subprocess, sys, th
 from typing import cast
 from tinygrad.device import Buffer, BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.engine.jit import GraphRunner
-from tinygrad.helpers import DEBUG, getenv, suppress_finalizing
+from tinygrad.helpers import DEBUG, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
 from tinygrad.uop.ops import UOp
 from client.connection import Runner, RunnerConnectionError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL
+from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE
+from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import runner_addrs
 
@@ -85,10 +86,12 @@ class RemoteProgram(Program['RemoteDevice']):
       kind, (arch, data, entry) = PROG_CPU_IMAGE, cpu_image(obj.lib, obj.name)
       corearg = next((i for i, (nm, *_) in enumerate(obj.signature) if nm == "core_id"), NO_CORE)
     self.key, self.prog = dev.load(kind, obj.name, data, self.nbufs, self.nvals, corearg, entry, arch)
+    if dev.profiler is not None: dev.profiler.program(self.prog, obj.name, obj.profile_key)
 
   def __call__(self, *bufs, global_size:tuple[int,...]=(1,1,1), local_size:tuple[int,...]|None=(1,1,1), vals:tuple[int|None, ...]=(),
                wait=False, timeout:int|None=None) -> float|None:
     # bufs are (handle, offset, size) opaques, which launch() indexes directly; a None value is core_id, which the runner fills in
+    if self.dev.profiler is not None: self.dev.profiler.issued()
     return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, dims(global_size),
                                   dims(local_size or (1,1,1)), wait=wait)
 
@@ -115,11 +118,22 @@ class RemoteAllocator(LRUAllocator['RemoteDevice']):
   def _free(self, opaque, options:BufferSpec):
     self.used -= opaque[2]
     self.dev.later("free", opaque[0])   # often from Buffer.__del__: see RemoteDevice.later
-  def _copyin(self, dest, src:memoryview): self.dev.runner.write(dest[0], dest[1], src)
-  def _copyout(self, dest:memoryview, src): self.dev.runner.read(src[0], src[1], dest)
+  def _copyin(self, dest, src:memoryview):
+    if self.dev.profiler is None: return self.dev.runner.write(dest[0], dest[1], src)
+    # profiling: the host's side of the transfer on <device>:NET, next to the runner's on <device>:COPY
+    self.dev.profiler.issued(frames(src.nbytes, self.dev.runner.maxmsg - 32))
+    with cpu_profile(TracingKey(f"TINY -> {self.dev.device}", ret=src.nbytes, tb=None), f"{self.dev.device}:NET"):
+      self.dev.runner.write(dest[0], dest[1], src)
+  def _copyout(self, dest:memoryview, src):
+    if self.dev.profiler is None: return self.dev.runner.read(src[0], src[1], dest)
+    self.dev.profiler.issued(frames(dest.nbytes, self.dev.runner.maxmsg - 16))
+    with cpu_profile(TracingKey(f"{self.dev.device} -> TINY", ret=dest.nbytes, tb=None), f"{self.dev.device}:NET"):
+      self.dev.runner.read(src[0], src[1], dest)
   def _offset(self, buf, size:int, offset:int): return (buf[0], buf[1] + offset, size)
   def _transfer(self, dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice):
-    if src_dev is dest_dev: dest_dev.runner.copy(dest[0], dest[1], src[0], src[1], sz)
+    if src_dev is dest_dev:
+      if dest_dev.profiler is not None: dest_dev.profiler.issued()
+      dest_dev.runner.copy(dest[0], dest[1], src[0], src[1], sz)
     else:  # two runners: through this host
       src_dev.runner.read(src[0], src[1], mv:=memoryview(bytearray(sz)))
       dest_dev.runner.write(dest[0], dest[1], mv)
@@ -149,6 +163,7 @@ class RemoteGraph(GraphRunner):
     patches += [(j, PATCH_VAL, i, 0, v) for j, i, v in self.updated_vars(var_vals)]
     for j, gs, ls in self.updated_launch_dims(var_vals):
       patches += [(j, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, dims(gs)), (PATCH_LOCAL, dims(ls))) for d, x in enumerate(size)]
+    if self.dev.profiler is not None: self.dev.profiler.issued(len(self.calls))
     return self.dev.runner.graph_run(cast(int, self.gid), patches, wait=wait)
 
   @suppress_finalizing
@@ -163,6 +178,7 @@ class RemoteDevice(Compiled):
     if addrs and idx >= len(addrs): raise RuntimeError(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
     # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
     self.runner, self.runner_closed = Runner(addrs[idx] if addrs else start_local_runner(want)), False
+    self.profiler: RunnerProfiler|None = None
     self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]
     self.pending: list[tuple[str, int]] = []     # Tunload/Tfree/Tgraphfree requests not sent yet (see later())
     # the renderer follows the runner: a mismatch is an error now, not a kernel the runner rejects later
@@ -172,6 +188,9 @@ class RemoteDevice(Compiled):
       hint = f" (use {'REMOTE' if info.backend == 'cpu' else 'METAL'} for it)" if info.backend != want else ""
       raise RuntimeError(f"{device} needs a runner with the {want} backend that accepts {CAP_NAMES[cap]}; {self.runner.addr} has the "
                          f"{info.backend} backend{hint}")
+    # PROFILE: the runner records every kernel and copy (client/profile.py); a runner without CAP_PROFILE is profiled on the host only
+    if PROFILE and info.caps & CAP_PROFILE: self.profiler = RunnerProfiler(device, self.runner)
+    elif PROFILE: print(f"{device}: runner {self.runner.addr} cannot profile (no CAP_PROFILE): its kernels are not in the profile", file=sys.stderr)
     if self.is_metal:
       arch = info.arch if re.fullmatch(r"(Apple|Mac)\d+", info.arch) else None   # the GPU family selects tensor cores in MetalRenderer
       super().__init__(device, RemoteAllocator(self), [MetalRenderer], RemoteProgram, RemoteGraph, arch=arch)
@@ -213,8 +232,10 @@ class RemoteDevice(Compiled):
       getattr(self.runner, request)(handle)
 
   def synchronize(self):
+    if self.runner_closed: return   # at exit: _shutdown closed the connection before tinygrad's profile finalizer syncs
     self.send_pending()
-    self.runner.sync()
+    if self.profiler is not None: self.profiler.fetch()   # waits as Tsync does, and takes the runner's records
+    else: self.runner.sync()
   def finalize(self):
     if not self.runner_closed: self.runner.close()
     self.runner_closed = True
@@ -225,6 +246,8 @@ def runner_device() -> str:
   if not (addrs:=runner_addrs()): return "METAL" if sys.platform == "darwin" else "REMOTE"
   addr = addrs[0]
   with Runner(addr) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
+
+def frames(nbytes:int, step:int) -> int: return max(1, -(-nbytes // step))   # Twrite/Tread frames (and so profile records) of a copy
 
 def dims(d) -> tuple[int, int, int]:
   if len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int and d[0] > 0 and d[1] > 0 and d[2] > 0: return d
@@ -246,5 +269,9 @@ DEVICE_MAX_BUFS.setdefault("REMOTE", 31)  # kernels have at most 63 arguments on
 @atexit.register
 def _shutdown():  # runs before tinygrad's own atexit (registered earlier): close connections, then stop the runners this process started
   for dn in list(Device._opened_devices):
-    if isinstance(dev:=Device[dn], RemoteDevice): dev.finalize()
+    if isinstance(dev:=Device[dn], RemoteDevice):
+      if dev.profiler is not None and not dev.runner_closed:   # the last records, before tinygrad's finalizer writes the profile
+        try: dev.synchronize()
+        except RuntimeError as e: print(f"{dn}: the runner's last profile records are lost: {e}", file=sys.stderr)
+      dev.finalize()
   for proc in local_runners: stop_runner(proc)
