@@ -6,15 +6,16 @@
 # ProfileGraphEvent per graph run, and ranges on "<device>:COPY" for the transfers. So PROFILE's pickle and VIZ show host work, the
 # network and the device on one timeline.
 # Clocks: the offset between the runner's clock and the host's is estimated as NTP does (several Tclock round trips, the one with the
-# smallest round trip, its midpoint) when the device opens and again at every fetch; a record is mapped with the offset interpolated
-# between the estimates taken before and after it, which follows a drift between the two clocks.
+# smallest round trip, its midpoint) when the device opens and again at a fetch (at most every RESAMPLE_NS); a record is mapped with
+# the offset interpolated between the estimates taken before and after it, which follows a drift between the two clocks.
 from __future__ import annotations
-import bisect, decimal, sys
+import bisect, decimal, sys, time
 from tinygrad.device import Compiled, ProfileDeviceEvent, ProfileGraphEntry, ProfileGraphEvent
 from tinygrad.helpers import ProfileRangeEvent, TracingKey
 from client import protocol as P
 
 CONNECT_SAMPLES, FETCH_SAMPLES = 16, 4  # Tclock round trips per offset estimate
+RESAMPLE_NS = 50_000_000  # a fetch estimates the offset again only this long after the last estimate: 100 ppm of drift is 5 us
 
 class ClockMap:
   """Runner profile clock (ns) -> host perf_counter_ns, from NTP-style estimates: (runner clock, host - runner offset, round trip)."""
@@ -61,7 +62,7 @@ class RunnerProfiler:
       if not left: break
     self.expected = 0
     if lost: print(f"{self.device}: the runner's profile was full: {lost} kernels or copies are not in the profile", file=sys.stderr)
-    self.clock.sample(FETCH_SAMPLES)
+    if recs and time.perf_counter_ns() - self.clock.points[-1][0] - self.clock.points[-1][1] > RESAMPLE_NS: self.clock.sample(FETCH_SAMPLES)
     Compiled.profile_events += self.events(recs)
 
   def events(self, recs:list[dict]) -> list:
