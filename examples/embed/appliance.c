@@ -1,8 +1,8 @@
 /*
  * appliance.c: metal_runner embedded in a program of its own, as an
  * appliance would run it: its own token and limits, the runner on a thread
- * of its own, a clean stop on SIGTERM or SIGINT, and on SIGHUP a restart on
- * the same port with the token file read again (a rotated secret).
+ * of its own, a clean stop on SIGTERM or SIGINT, and on SIGHUP the token
+ * file read again (a rotated secret) while open sessions carry on.
  *
  *   appliance [-H host] [-p port] [-n] token-file
  *
@@ -34,7 +34,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +46,6 @@
 struct appliance {
 	struct mr_config cfg;
 	pthread_t main, thread;
-	atomic_int running;	/* the runner's thread has not yet returned */
-	atomic_int port;	/* the bound port, told by on_listen */
 	int rc;			/* mr_serve()'s, once the thread has returned */
 };
 
@@ -87,9 +84,7 @@ read_token(const char *path, size_t *len)
 static void
 on_listen(const char *host, int port, void *arg)
 {
-	struct appliance *a = arg;
-
-	atomic_store(&a->port, port);
+	(void)arg;
 	printf("listening on %s:%d\n", host, port);
 	fflush(stdout);
 }
@@ -100,7 +95,6 @@ serve(void *arg)
 	struct appliance *a = arg;
 
 	a->rc = mr_serve(&a->cfg);
-	atomic_store(&a->running, 0);
 	pthread_kill(a->main, SIGUSR1);
 	return NULL;
 }
@@ -108,7 +102,6 @@ serve(void *arg)
 static int
 start(struct appliance *a)
 {
-	atomic_store(&a->running, 1);
 	if (pthread_create(&a->thread, NULL, serve, a) != 0) {
 		fprintf(stderr, "appliance: cannot start the runner's thread\n");
 		a->rc = -1;
@@ -193,26 +186,23 @@ main(int argc, char **argv)
 	for (;;) {
 		if (sigwait(&sigs, &sig) != 0)
 			continue;
-		if (sig == SIGUSR1 && atomic_load(&a.running))
-			continue;	/* from a runner since restarted */
 		if (sig == SIGUSR1) {
 			pthread_join(a.thread, NULL);
 			fprintf(stderr, "appliance: the runner stopped by itself\n");
 			break;
 		}
 		if (sig == SIGHUP) {
-			/* A bad new token leaves the runner serving the old. */
+			/* New connections must prove the new token; sessions
+			 * already open carry on. A bad file keeps the old. */
 			if ((fresh = read_token(argv[optind], &len)) == NULL)
 				continue;
-			fprintf(stderr, "appliance: SIGHUP: restarting with the "
-			    "token read again\n");
-			stop(&a);
-			free(token);
-			a.cfg.token = token = fresh;
-			a.cfg.tokenlen = len;
-			a.cfg.port = atomic_load(&a.port);	/* what clients know */
-			if (start(&a) == -1)
-				break;
+			if (mr_token_replace(fresh, len) == -1)
+				fprintf(stderr, "appliance: SIGHUP: out of memory; "
+				    "keeping the previous token\n");
+			else
+				fprintf(stderr, "appliance: SIGHUP: the token "
+				    "file read again\n");
+			free(fresh);
 			continue;
 		}
 		fprintf(stderr, "appliance: %s: stopping the runner\n",
