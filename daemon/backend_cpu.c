@@ -11,6 +11,11 @@
  * x86-64 and AAPCS64 ABIs, where the caller owns the stack arguments;
  * tinygrad's own CPU worker does the same.
  *
+ * The CPU is reported as it is (Rhello cpu and features, in clang's
+ * names), so the host compiles for what this machine has and never for an
+ * instruction it lacks: x86-64 the psABI level plus the extensions beyond
+ * it (cpuid), arm64 the kernel's HWCAP bits, riscv64 the ISA string.
+ *
  * A kernel with a core_id argument is called global[0] times with core_id
  * 0..global[0]-1; the calls run on a per-session pool of threads.
  */
@@ -31,6 +36,9 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#endif
+#if defined(__linux__) && (defined(__aarch64__) || defined(__riscv))
+#include <sys/auxv.h>
 #endif
 
 #include "metal_runner.h"
@@ -107,16 +115,57 @@ call(kernel_fn fn, const uint64_t *a)
 	    a[56], a[57], a[58], a[59], a[60], a[61], a[62]);
 }
 
+/* Appends "+name" to the comma-separated list f (size len), if it fits:
+ * Rhello has 128 bytes, and a feature left out only means code that does
+ * not use it. */
+static void
+feat_add(char *f, size_t len, const char *name)
+{
+	size_t n = strlen(f);
+
+	if (n + strlen(name) + 3 <= len)
+		snprintf(f + n, len - n, "%s+%s", n ? "," : "", name);
+}
+
 #if defined(__x86_64__)
+/* CPU features clang knows that the x86-64 levels leave out (or that a CPU
+ * of a lower level may still have), with the level that implies each. The
+ * AVX and AVX-512 ones also need the OS to save their registers (XCR0). */
+struct x86_feat {
+	unsigned leaf, sub, reg, bit;	/* reg: 0 eax, 1 ebx, 2 ecx, 3 edx */
+	int level;			/* implied at x86-64-v<level>; 9: never */
+	uint64_t xcr0;
+	const char *name;
+};
+
+static const struct x86_feat x86_feats[] = {
+	{ 1, 0, 2, 28, 3, 0x06, "avx" },
+	{ 1, 0, 2, 29, 3, 0x06, "f16c" },
+	{ 1, 0, 2, 12, 3, 0x06, "fma" },
+	{ 7, 0, 1, 5, 3, 0x06, "avx2" },
+	{ 7, 0, 1, 16, 4, 0xe6, "avx512f" },
+	{ 7, 1, 0, 5, 9, 0xe6, "avx512bf16" },
+	{ 7, 0, 3, 23, 9, 0xe6, "avx512fp16" },
+	{ 7, 0, 2, 11, 9, 0xe6, "avx512vnni" },
+	{ 7, 1, 0, 4, 9, 0x06, "avxvnni" },
+	{ 7, 0, 1, 21, 9, 0xe6, "avx512ifma" },
+	{ 7, 0, 2, 1, 9, 0xe6, "avx512vbmi" },
+	{ 7, 0, 2, 6, 9, 0xe6, "avx512vbmi2" },
+	{ 7, 0, 2, 12, 9, 0xe6, "avx512bitalg" },
+	{ 7, 0, 2, 14, 9, 0xe6, "avx512vpopcntdq" },
+	{ 7, 0, 2, 8, 9, 0x00, "gfni" },
+};
+
 /* The x86-64 microarchitecture level (psABI v2/v3/v4) this CPU and OS
  * support, so the host compiles with -march=x86-64-vN and never for
- * features the runner lacks. */
+ * features the runner lacks; features gets what the CPU has beyond it. */
 static const char *
-x86_level(void)
+x86_level(char *features, size_t flen)
 {
-	unsigned a, b, c, d, c1, b7 = 0, ce = 0;
+	unsigned a, b, c, d, c1, b7 = 0, ce = 0, r[4];
 	uint64_t xcr0 = 0;
-	int v2, v3, v4;
+	int v2, v3, v4, level;
+	size_t i;
 
 	if (!__get_cpuid(1, &a, &b, &c1, &d))
 		return "x86-64";
@@ -138,8 +187,103 @@ x86_level(void)
 	v4 = v3 && (b7 & (1u << 16)) && (b7 & (1u << 17)) &&
 	    (b7 & (1u << 28)) && (b7 & (1u << 30)) && (b7 & (1u << 31)) &&
 	    (xcr0 & 0xe6) == 0xe6;
-	return v4 ? "x86-64-v4" : v3 ? "x86-64-v3" : v2 ? "x86-64-v2" :
-	    "x86-64";
+	level = v4 ? 4 : v3 ? 3 : v2 ? 2 : 1;
+	for (i = 0; i < sizeof(x86_feats) / sizeof(x86_feats[0]); i++) {
+		const struct x86_feat *f = &x86_feats[i];
+		if (f->level <= level || (xcr0 & f->xcr0) != f->xcr0 ||
+		    !__get_cpuid_count(f->leaf, f->sub, &r[0], &r[1], &r[2],
+		    &r[3]) || !(r[f->reg] & (1u << f->bit)))
+			continue;
+		feat_add(features, flen, f->name);
+	}
+	return level == 4 ? "x86-64-v4" : level == 3 ? "x86-64-v3" :
+	    level == 2 ? "x86-64-v2" : "x86-64";
+}
+#endif
+
+#if defined(__linux__) && defined(__aarch64__)
+/* The kernel's HWCAP bits (<asm/hwcap.h>) and clang's -mcpu modifier for
+ * each. "generic" already assumes FP and Advanced SIMD (simd), which every
+ * Linux arm64 board has. */
+static const struct {
+	int word;			/* 1: AT_HWCAP, 2: AT_HWCAP2 */
+	unsigned long bit;
+	const char *name;
+} arm_feats[] = {
+	{ 1, 1ul << 7, "crc" },		/* HWCAP_CRC32 */
+	{ 1, 1ul << 8, "lse" },		/* HWCAP_ATOMICS */
+	{ 1, 1ul << 12, "rdm" },	/* HWCAP_ASIMDRDM */
+	{ 1, 1ul << 20, "dotprod" },	/* HWCAP_ASIMDDP */
+	{ 1, 1ul << 23, "fp16fml" },	/* HWCAP_ASIMDFHM */
+	{ 1, 1ul << 22, "sve" },	/* HWCAP_SVE */
+	{ 2, 1ul << 1, "sve2" },	/* HWCAP2_SVE2 */
+	{ 2, 1ul << 13, "i8mm" },	/* HWCAP2_I8MM */
+	{ 2, 1ul << 14, "bf16" },	/* HWCAP2_BF16 */
+};
+
+static void
+arm_features(char *features, size_t flen)
+{
+	unsigned long hw[3] = { 0, getauxval(AT_HWCAP), getauxval(AT_HWCAP2) };
+	size_t i;
+
+	/* Half precision arithmetic: scalar (FPHP) and vector (ASIMDHP). */
+	if ((hw[1] & (1ul << 9)) && (hw[1] & (1ul << 10)))
+		feat_add(features, flen, "fp16");
+	for (i = 0; i < sizeof(arm_feats) / sizeof(arm_feats[0]); i++)
+		if (hw[arm_feats[i].word] & arm_feats[i].bit)
+			feat_add(features, flen, arm_feats[i].name);
+}
+#endif
+
+#if defined(__linux__) && defined(__riscv)
+/* The ISA as clang's -march wants it: "rv64" and the single-letter
+ * extensions in canonical order as cpu, the multi-letter ones clang knows
+ * as features. From /proc/cpuinfo's isa line (first hart) when the kernel
+ * gives one, else from AT_HWCAP's letter bits. */
+static void
+rv_isa(char *cpu, size_t clen, char *features, size_t flen)
+{
+	static const char *const multi[] = { "zba", "zbb", "zbc", "zbs", "zfh",
+	    "zfhmin" };
+	unsigned long hw = getauxval(AT_HWCAP);
+	char line[1024], *isa = NULL, *tok, *save;
+	const char *l;
+	size_t i, n;
+	FILE *f = fopen("/proc/cpuinfo", "r");
+
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
+		if (strncmp(line, "isa", 3) == 0 && strchr(line, ':') &&
+		    strncmp(strchr(line, ':') + strspn(strchr(line, ':') + 1,
+		    " \t") + 1, "rv64", 4) == 0) {
+			isa = strchr(line, ':') + 1;
+			isa += strspn(isa, " \t") + 4;
+			isa[strcspn(isa, "\n")] = '\0';
+			break;
+		}
+	}
+	if (f != NULL)
+		fclose(f);
+	if (isa != NULL) {
+		/* rv64imafdcv_zicsr_zfh: letters up to '_', then tokens */
+		hw = 0;
+		for (i = 0; isa[i] != '\0' && isa[i] != '_'; i++)
+			if (isa[i] >= 'a' && isa[i] <= 'z')
+				hw |= 1ul << (isa[i] - 'a');
+		if (hw & (1ul << ('g' - 'a')))
+			hw |= 1ul << ('i' - 'a') | 1ul << ('m' - 'a') |
+			    1ul << ('a' - 'a') | 1ul << ('f' - 'a') |
+			    1ul << ('d' - 'a');
+		for (tok = strtok_r(isa + i, "_", &save); tok != NULL;
+		    tok = strtok_r(NULL, "_", &save))
+			for (n = 0; n < sizeof(multi) / sizeof(multi[0]); n++)
+				if (strcmp(tok, multi[n]) == 0)
+					feat_add(features, flen, multi[n]);
+	}
+	n = (size_t)snprintf(cpu, clen, "rv64");
+	for (l = "imafdcv"; *l != '\0' && n + 1 < clen; l++)
+		if (hw & (1ul << (*l - 'a')))
+			cpu[n++] = *l, cpu[n] = '\0';
 }
 #endif
 
@@ -193,11 +337,18 @@ cpu_open(struct be_info *info, const char *device, char *err)
 	snprintf(info->name, sizeof(info->name), "%s", model);
 	snprintf(info->arch, sizeof(info->arch), "%s", CPU_ARCH_NAME);
 #if defined(__x86_64__)
-	snprintf(info->cpu, sizeof(info->cpu), "%s", x86_level());
+	snprintf(info->cpu, sizeof(info->cpu), "%s",
+	    x86_level(info->features, sizeof(info->features)));
 #elif defined(__aarch64__) && defined(__APPLE__)
 	snprintf(info->cpu, sizeof(info->cpu), "apple-m1");
+#elif defined(__aarch64__) && defined(__linux__)
+	snprintf(info->cpu, sizeof(info->cpu), "generic");
+	arm_features(info->features, sizeof(info->features));
 #elif defined(__aarch64__)
 	snprintf(info->cpu, sizeof(info->cpu), "generic");
+#elif defined(__riscv) && defined(__linux__)
+	rv_isa(info->cpu, sizeof(info->cpu), info->features,
+	    sizeof(info->features));
 #else
 	snprintf(info->cpu, sizeof(info->cpu), "rv64gc");
 #endif
