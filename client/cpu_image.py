@@ -102,6 +102,7 @@ def cpu_image(obj:bytes, name:str) -> tuple[int, bytes, int]:
     if arch == "riscv64": sections, image_, relocs = rv_load(obj, name); image = rv_relocate(image_, relocs, name)
     else: _, sections, _ = elf_loader(obj); image = jit_loader(obj, base=0, link_libs=[])
   except NotImplementedError as e: raise ImageError(f"kernel {name}: {e}, which host-side relocation does not handle") from e
+  except ImageError: raise
   except RuntimeError as e: raise ImageError(f"kernel {name}: {e} (runner images are self-contained: no libm or libc calls)") from e
   # elf_loader only lays out PROGBITS sections: a kernel with zero-initialised data (.bss) would relocate against address 0
   if (bss:=[s.name for s in sections if s.header.sh_type == libc.SHT_NOBITS and s.header.sh_flags & libc.SHF_ALLOC and s.header.sh_size]):
