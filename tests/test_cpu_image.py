@@ -1,5 +1,5 @@
 # Host-side production of CPU images (client/cpu_image.py), no daemon: compile with tinygrad's ClangRenderer, relocate, find the entry.
-import array, ctypes, mmap, platform, shutil
+import array, ctypes, mmap, pathlib, platform, re, shutil, subprocess, tempfile
 import numpy as np
 import pytest
 from tinygrad import Tensor
@@ -7,8 +7,8 @@ from tinygrad.codegen import to_program
 from tinygrad.helpers import NUM_CPU_THREADS, Target, mv_address
 from tinygrad.renderer.cstyle import ClangRenderer
 from tinygrad.runtime.support.compiler_cpu import ClangCompiler
-from client.cpu_image import ImageError, clang_arch, cpu_image
-from client.protocol import ARCH_ARM64, ARCH_X86_64
+from client.cpu_image import RV, ImageError, clang_arch, cpu_image, rv_load
+from client.protocol import ARCH_ARM64, ARCH_RISCV64, ARCH_X86_64
 
 pytestmark = pytest.mark.skipif(shutil.which("clang") is None, reason="clang is not installed")
 X86 = platform.machine().lower() in ("x86_64", "amd64")
@@ -77,3 +77,81 @@ def test_clang_arch_follows_the_runner():
   # the string works for a real compile, with clang as installed here
   elf = kernel(Tensor.empty(16, device="CPU") + 1, clang_arch("x86_64", "x86-64-v2", "+sse4.2")).to_elf()
   assert cpu_image(elf.lib, elf.name)[0] == ARCH_X86_64
+
+# *** riscv64: tinygrad's jit_loader has no RISC-V relocations; client/cpu_image.py applies them. Checked against GNU ld (binutils-riscv64-
+# linux-gnu) linking the same object at the same addresses, and the branch targets against GNU objdump's decoding; running the images is
+# in tests/test_qemu_runners.py (a riscv64 runner under qemu).
+
+RV_TOOLS = all(shutil.which(t) for t in ("riscv64-linux-gnu-ld", "riscv64-linux-gnu-objcopy", "riscv64-linux-gnu-objdump"))
+needs_rv_tools = pytest.mark.skipif(not RV_TOOLS, reason="binutils-riscv64-linux-gnu is not installed (setup.sh test installs it)")
+
+def rv_obj(src:str, cc:str="clang", *flags:str) -> bytes:
+  if shutil.which(cc) is None: pytest.skip(f"{cc} is not installed")
+  comp = ClangCompiler(["riscv64", "rv64imafdc"])
+  return subprocess.check_output([cc, "-c", "-x", "c", "-O2", "-fPIC", "-ffreestanding", "-fno-math-errno", "-nostdlib", "-fno-ident",
+                                  "--target=riscv64-none-unknown-elf", *comp.args, *flags, "-", "-o", "-"], input=src.encode())
+
+def ld_image(obj:bytes) -> bytes:
+  """GNU ld's link of obj with every section at the address rv_load gave it, as flat bytes."""
+  secs, _, _ = rv_load(obj, "k")
+  d = pathlib.Path(tempfile.mkdtemp())
+  (d / "k.o").write_bytes(obj)
+  (d / "k.ld").write_text("SECTIONS {\n" + "".join(f"  {s.name} {s.header.sh_addr:#x} : {{ *({s.name}) }}\n" for s in secs
+                          if s.header.sh_type == 1 and s.header.sh_size and s.header.sh_flags & 2) + "  /DISCARD/ : { *(*) }\n}\n")
+  subprocess.check_call(["riscv64-linux-gnu-ld", "--no-relax", "-T", str(d / "k.ld"), "-o", str(d / "k.elf"), str(d / "k.o")])
+  subprocess.check_call(["riscv64-linux-gnu-objcopy", "-O", "binary", str(d / "k.elf"), str(d / "k.bin")])
+  return (d / "k.bin").read_bytes()
+
+def riscv_tinygrad_objs() -> list[tuple[str, bytes]]:
+  x = Tensor.empty(64, 64, device="CPU")
+  out = []
+  for t in [x.exp().sin() * 3 + 1, (x @ x).relu().sum(axis=1), x.softmax(-1), x.reshape(1, 1, 64, 64).conv2d(Tensor.empty(4, 1, 3, 3, device="CPU"))]:
+    for call in t.schedule_linear().src:
+      elf = to_program(call.src[0], ClangRenderer(Target("REMOTE", arch="riscv64,rv64imafdc"))).to_elf()
+      out.append((elf.name, elf.lib))
+  return out
+
+@needs_rv_tools
+def test_riscv64_tinygrad_kernels_relocate_as_gnu_ld_links_them():
+  # clang 14 emits R_RISCV_PCREL_HI20/LO12_I for every constant tinygrad's kernels load
+  objs = riscv_tinygrad_objs()
+  assert any(t == RV.PCREL_HI20 for _, o in objs for _, _, t, _ in rv_load(o, "k")[2]), "no relocations: the test checks nothing"
+  for name, obj in objs:
+    code, image, entry = cpu_image(obj, name)
+    assert code == ARCH_RISCV64 and 0 <= entry < len(image)
+    ref = ld_image(obj)
+    assert image[:len(ref)] == ref and not any(image[len(ref):]), name
+
+@needs_rv_tools
+@pytest.mark.parametrize("cc,flags", [("clang", ()), ("clang-16", ("-mno-relax",))])
+def test_riscv64_calls_and_rodata_relocate_as_gnu_ld_links_them(cc, flags):
+  obj = rv_obj(HELPER_FIRST, cc, *flags)
+  types = {t for _, _, t, _ in rv_load(obj, "kern")[2]}
+  assert {RV.CALL_PLT, RV.PCREL_HI20, RV.PCREL_LO12_I} <= types, types
+  code, image, entry = cpu_image(obj, "kern")
+  assert code == ARCH_RISCV64 and entry > 0 and image[:len(ref:=ld_image(obj))] == ref
+
+BRANCHY = HELPER_FIRST + "\nvoid kern2(float* restrict out, const float* restrict in, long n) { for (long i = 0; i < n; i++) { if (in[i] > 2.0f) " \
+  "out[i] = tbl[i & 3]; else out[i] = helper(in[i]); } }"
+
+@needs_rv_tools
+def test_riscv64_relaxable_object_branch_targets():
+  # clang 16 emits R_RISCV_RELAX/ALIGN and leaves branches to the linker (BRANCH, RVC_BRANCH, RVC_JUMP); GNU ld would delete ALIGN padding,
+  # we keep it, so compare each relocated instruction's target as GNU objdump decodes it with the relocation's symbol + addend
+  obj = rv_obj(BRANCHY, "clang-16")
+  relocs = rv_load(obj, "kern")[2]
+  want = {p: s + a for p, s, t, a in relocs if t in (RV.BRANCH, RV.JAL, RV.RVC_BRANCH, RV.RVC_JUMP)}
+  calls = {p + 4: s + a for p, s, t, a in relocs if t == RV.CALL_PLT}   # objdump prints the auipc+jalr target on the jalr
+  assert {RV.RELAX, RV.ALIGN, RV.BRANCH, RV.RVC_BRANCH, RV.RVC_JUMP} <= {t for _, _, t, _ in relocs}, "clang-16 no longer emits these"
+  _, image, _ = cpu_image(obj, "kern")
+  with tempfile.NamedTemporaryFile(suffix=".bin") as f:
+    f.write(image); f.flush()
+    dis = subprocess.check_output(["riscv64-linux-gnu-objdump", "-D", "-b", "binary", "-m", "riscv:rv64", f.name], text=True)
+  got = {int(a, 16): int(t, 16) for a, t in re.findall(r"^\s*([0-9a-f]+):\s+[0-9a-f]+\s+\S+\s+(?:.*?[,\s])?0x([0-9a-f]+)\s*(?:<.*>)?$", dis, re.M)}
+  assert want and calls and {p: got.get(p) for p in want} == want and {p: got.get(p) for p in calls} == calls, dis
+
+def test_riscv64_undefined_symbol_and_absolute_address_are_clear_errors():
+  with pytest.raises(ImageError, match="kernel kern: undefined symbol sinf"):
+    cpu_image(rv_obj("float sinf(float); void kern(float* o) { o[0] = sinf(o[0]); }"), "kern")
+  with pytest.raises(ImageError, match="absolute address|GOT"):  # a table of addresses needs the base the runner maps it at
+    cpu_image(rv_obj("static float a, b; static float* const t[2] = {&a, &b}; void kern(float* o, long i) { o[0] = *t[i & 1]; }"), "kern")
