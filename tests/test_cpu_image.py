@@ -155,3 +155,25 @@ def test_riscv64_undefined_symbol_and_absolute_address_are_clear_errors():
     cpu_image(rv_obj("float sinf(float); void kern(float* o) { o[0] = sinf(o[0]); }"), "kern")
   with pytest.raises(ImageError, match="absolute address|GOT"):  # a table of addresses needs the base the runner maps it at
     cpu_image(rv_obj("static float a, b; static float* const t[2] = {&a, &b}; void kern(float* o, long i) { o[0] = *t[i & 1]; }"), "kern")
+
+# *** x86-64: the runner reports, beyond its -march=x86-64-vN level, the extensions the CPU has that the level leaves out (backend_cpu.c)
+
+X86_FLAGS = {"avx": "avx", "f16c": "f16c", "fma": "fma", "avx2": "avx2", "avx512f": "avx512f", "avx512bf16": "avx512_bf16",
+             "avx512fp16": "avx512_fp16", "avx512vnni": "avx512_vnni", "avxvnni": "avx_vnni", "avx512ifma": "avx512ifma",
+             "avx512vbmi": "avx512vbmi", "avx512vbmi2": "avx512_vbmi2", "avx512bitalg": "avx512_bitalg", "avx512vpopcntdq": "avx512_vpopcntdq",
+             "gfni": "gfni"}
+LEVEL_HAS = {"x86-64": set(), "x86-64-v2": set(), "x86-64-v3": {"avx", "f16c", "fma", "avx2"}, "x86-64-v4": {"avx", "f16c", "fma", "avx2", "avx512f"}}
+
+@pytest.mark.skipif(not X86 or not pathlib.Path("/proc/cpuinfo").exists(), reason="x86-64 Linux: compares with /proc/cpuinfo")
+def test_x86_64_runner_reports_the_features_its_level_leaves_out(own_runner):
+  from client.connection import Runner
+  with Runner(own_runner[0]) as c: info = c.info
+  flags = set(next(l for l in open("/proc/cpuinfo") if l.startswith("flags")).split(":")[1].split())
+  feats = [f.removeprefix("+") for f in info.features.split(",") if f]
+  assert all(f in X86_FLAGS and X86_FLAGS[f] in flags for f in feats), (feats, "a feature this CPU does not have")
+  # every one this CPU has and its level does not imply is reported (the kernel's flags can only be fewer: it hides what the OS cannot save)
+  assert {f for f, fl in X86_FLAGS.items() if fl in flags} - LEVEL_HAS[info.cpu] == set(feats), (info.cpu, feats)
+  # and clang takes the string as it is, without a warning about an unknown feature
+  r = subprocess.run(["clang", "-c", "-x", "c", "--target=x86_64-none-unknown-elf", *ClangCompiler(clang_arch(info.arch, info.cpu, info.features).split(",")).args,
+                      "-", "-o", "/dev/null"], input="void k(float* a) { a[0] += 1; }", capture_output=True, text=True)
+  assert r.returncode == 0 and not r.stderr, r.stderr
