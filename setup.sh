@@ -4,7 +4,9 @@
 # (Debian: apt-get; macOS: the Xcode command line tools must be present),
 # with "test" also valgrind, clang-16 and gcc's libobjc (Debian: the Metal
 # emulator, a test harness), systemd-analyze, Avahi (daemon and client
-# library) and dbus-daemon, creates .venv with the client and its test
+# library) and dbus-daemon, the arm64 and riscv64 cross compilers with their
+# C libraries and qemu-user (Debian: cross builds, and runners of those CPUs
+# under emulation, a test harness), creates .venv with the client and its test
 # dependencies, and builds daemon/metal_runner (and, for tests on Linux,
 # daemon/metal_runner_emu).
 set -eu
@@ -39,6 +41,13 @@ Linux)
 		need dbus-daemon || missing="$missing dbus-daemon"
 		# advertise_dnssd.c (macOS) is compiled against its dns_sd.h
 		pkg-config --exists avahi-compat-libdns_sd 2>/dev/null || missing="$missing libavahi-compat-libdnssd-dev"
+		# Cross builds (make -C daemon cross) and their runners under
+		# qemu-user (tests/test_qemu_runners.py).
+		need qemu-aarch64 && need qemu-riscv64 || missing="$missing qemu-user"
+		need aarch64-linux-gnu-gcc || missing="$missing gcc-aarch64-linux-gnu"
+		need riscv64-linux-gnu-gcc || missing="$missing gcc-riscv64-linux-gnu"
+		[ -f /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 ] || missing="$missing libc6-dev-arm64-cross"
+		[ -f /usr/riscv64-linux-gnu/lib/ld-linux-riscv64-lp64d.so.1 ] || missing="$missing libc6-dev-riscv64-cross"
 	fi
 	if [ -n "$missing" ]; then
 		if ! need apt-get; then
@@ -70,4 +79,5 @@ make -s -C daemon
 if [ "${1:-}" = test ] && [ "$(uname -s)" = Linux ]; then
 	make -s -C daemon emu	# daemon/metal_runner_emu: the Metal emulator
 	make -s -C daemon metal_runner_avahi	# --advertise tests (tests/test_discovery.py)
+	make -s -C daemon cross	# daemon/build/{arm64,riscv64}/metal_runner
 fi
