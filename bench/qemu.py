@@ -1,0 +1,97 @@
+"""Runners of other CPUs under qemu-user EMULATION against the native x86-64 runner, in one run: python3 bench/qemu.py [--steps N]
+
+Every arm64 and riscv64 figure is measured under qemu-user on this x86-64 host (a test harness, not ARM or RISC-V hardware): it says
+how the emulated runner compares with the native one here, nothing about a board. Per CPU:
+  size       the stripped daemon (make -C daemon, make -C daemon cross; stripped with that CPU's strip)
+  idle RSS   VmRSS of the runner process with no session; under qemu that process is qemu itself, so the figure includes qemu
+             (its translator and code cache) as well as the guest daemon
+  launches   pipelined launches of an empty kernel (2,000, then one sync), compiled for the CPU the runner reports; median of 3
+  MLP step   examples/train_mlp.py (TinyJit) median step time after the JIT capture
+Ratios are emulated / native, from the same run. All runners use --no-confine (qemu-user refuses seccomp filters), the native one too
+so the comparison is like for like. Writes bench/results/qemu.json.
+"""
+from __future__ import annotations
+import argparse, json, os, pathlib, re, shutil, signal, statistics, subprocess, sys, tempfile, time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from client import protocol as P  # noqa: E402
+from client.connection import Runner  # noqa: E402
+from client.cpu_image import clang_arch, cpu_image  # noqa: E402
+
+CPUS = {"x86_64": (None, None, "strip", ROOT / "daemon" / "metal_runner"),
+        "arm64": ("qemu-aarch64", "/usr/aarch64-linux-gnu", "aarch64-linux-gnu-strip", ROOT / "daemon" / "build" / "arm64" / "metal_runner"),
+        "riscv64": ("qemu-riscv64", "/usr/riscv64-linux-gnu", "riscv64-linux-gnu-strip", ROOT / "daemon" / "build" / "riscv64" / "metal_runner")}
+
+def start(cpu:str) -> tuple[subprocess.Popen, str]:
+  qemu, sysroot, _, binary = CPUS[cpu]
+  argv = ([qemu, "-L", sysroot] if qemu else []) + [str(binary), "--host", "127.0.0.1", "--port", "0", "--no-confine"]
+  p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+  m = re.match(r"listening on (\S+)", p.stdout.readline())
+  if m is None: stop(p); raise RuntimeError(f"{cpu} runner did not start")
+  return p, m.group(1)
+
+def stop(p:subprocess.Popen):
+  if p.poll() is None:
+    os.kill(p.pid, signal.SIGTERM)
+    try: p.wait(10)
+    except subprocess.TimeoutExpired: os.kill(p.pid, signal.SIGKILL); p.wait()
+
+def stripped_size(cpu:str) -> int:
+  with tempfile.TemporaryDirectory() as d:
+    out = pathlib.Path(d) / "metal_runner"
+    subprocess.check_call([CPUS[cpu][2], "-o", str(out), str(CPUS[cpu][3])])
+    return out.stat().st_size
+
+def rss_kib(pid:int) -> int:
+  return next(int(l.split()[1]) for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS:"))
+
+def launches(addr:str, n:int=2000) -> float:
+  from tinygrad.runtime.support.compiler_cpu import ClangCompiler
+  with Runner(addr, timeout=300) as r:
+    obj = ClangCompiler(clang_arch(r.info.arch, r.info.cpu, r.info.features).split(",")).compile("void empty(float* restrict out) { }")
+    arch, image, entry = cpu_image(obj, "empty")
+    r.alloc(b:=r.new_handle(), 4096)
+    r.load(prog:=r.new_handle(), P.PROG_CPU_IMAGE, "empty", image, 1, 0, entry=entry, arch=arch)
+    r.sync()
+    for _ in range(100): r.launch(prog, [(b, 0)], [])   # warm: qemu translates the loop's code once
+    r.sync()
+    t = time.perf_counter()
+    for _ in range(n): r.launch(prog, [(b, 0)], [])
+    r.sync()
+    return n / (time.perf_counter() - t)
+
+def mlp_step_ms(addr:str, steps:int) -> float:
+  out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_mlp.py"), "--steps", str(steps), "--batch", "64", "--hidden", "32"],
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "METAL_RUNNER": addr}, capture_output=True, text=True, timeout=1200, check=True)
+  return float(re.search(r"median step ([\d.]+) ms", out.stdout).group(1))
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--steps", type=int, default=30, help="MLP training steps per CPU")
+  args = ap.parse_args()
+  subprocess.check_call(["make", "-s", "-C", str(ROOT / "daemon")])
+  subprocess.check_call(["make", "-s", "-C", str(ROOT / "daemon"), "cross"])
+  res: dict[str, dict] = {}
+  for cpu in CPUS:
+    if CPUS[cpu][0] and shutil.which(CPUS[cpu][0]) is None: print(f"{cpu}: {CPUS[cpu][0]} is not installed, skipped", file=sys.stderr); continue
+    p, addr = start(cpu)
+    try:
+      time.sleep(1.0)
+      r = {"emulated": CPUS[cpu][0] is not None, "stripped_bytes": stripped_size(cpu), "idle_rss_kib": rss_kib(p.pid)}
+      with Runner(addr) as c: r["reports"] = f"{c.info.arch} {c.info.cpu} {c.info.features}".strip()
+      r["launches_per_s"] = statistics.median(launches(addr) for _ in range(3))
+      r["mlp_step_ms"] = mlp_step_ms(addr, args.steps)
+      res[cpu] = r
+    finally: stop(p)
+  base = res["x86_64"]
+  print(f"{'CPU':8} {'stripped':>10} {'idle RSS':>10} {'launches/s':>11} {'ratio':>7} {'MLP ms/step':>12} {'ratio':>7}  reports")
+  for cpu, r in res.items():
+    r["launch_ratio"], r["mlp_ratio"] = r["launches_per_s"] / base["launches_per_s"], r["mlp_step_ms"] / base["mlp_step_ms"]
+    tag = " (qemu-user, emulated)" if r["emulated"] else " (native)"
+    print(f"{cpu:8} {r['stripped_bytes'] / 1024:8.0f}Ki {r['idle_rss_kib'] / 1024:8.1f}Mi {r['launches_per_s']:11,.0f} {r['launch_ratio']:7.3f} "
+          f"{r['mlp_step_ms']:12.2f} {r['mlp_ratio']:7.2f}  {r['reports']}{tag}")
+  (ROOT / "bench" / "results").mkdir(exist_ok=True)
+  (ROOT / "bench" / "results" / "qemu.json").write_text(json.dumps(res, indent=1))
+
+if __name__ == "__main__": main()
