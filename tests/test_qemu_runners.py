@@ -160,9 +160,9 @@ def test_qemu_arm64_kernels_follow_the_reported_features():
     # the same kernel compiled for a CPU with FEAT_FP16 is an illegal instruction on this one: the report is what keeps it safe
     with pytest.raises(RunnerError, match="SIGILL"): run_c(addr, FP16, "h", [bytes(128), a.tobytes()], arch=big)
 
+@pytest.mark.parametrize("qrunner", ["riscv64"], indirect=True)
 def test_qemu_riscv64_reports_its_isa(qrunner):
   arch, addr = qrunner
-  if arch != "riscv64": pytest.skip("riscv64 only")
   with Runner(addr) as c: i = c.info
   # qemu 7.2's AT_HWCAP has IMAFDC and never V, and its /proc/cpuinfo is the host's (no isa line): V is not claimed, so never used
   assert i.cpu == "rv64imafdc" and i.features == "", (i.cpu, i.features)
@@ -180,11 +180,11 @@ static const float tbl[4] = {1.5f, 2.5f, 3.5f, 4.25f};
 void kern(float* restrict out, const float* restrict in, long n) {
   for (long i = 0; i < n; i++) { if (in[i] > 5.0f) out[i] = tbl[i & 3]; else out[i] = helper(in[i]) + tbl[i & 3]; } }"""
 
+@pytest.mark.parametrize("qrunner", ["riscv64"], indirect=True)
 @pytest.mark.parametrize("cc", ["clang", "clang-16"])
 def test_qemu_riscv64_relaxable_objects_run(qrunner, cc):
   # clang-16 emits R_RISCV_RELAX/ALIGN, branch and compressed-jump relocations (clang 14 does not): both relocate and run on the runner
   arch, addr = qrunner
-  if arch != "riscv64": pytest.skip("riscv64 only")
   if shutil.which(cc) is None: pytest.skip(f"{cc} is not installed")
   from client.cpu_image import RV, rv_load
   types = {t for _, _, t, _ in rv_load(compile_c(HELPER_FIRST, "riscv64,rv64imafdc", cc), "kern")[2]}
