@@ -9,8 +9,9 @@ how the emulated runner compares with the native one here, nothing about a board
   launches   pipelined launches of an empty kernel (2,000, then one sync), compiled for the CPU the runner reports
   MLP step   examples/train_mlp.py (TinyJit, batch 64, hidden 32) median step time after the JIT capture
 The three runners run side by side and are measured in turn, repetition by repetition (--reps, default 5 for launches, 3 for the MLP),
-so a busy machine slows all alike; figures are medians, ratios emulated / native are medians of the per-repetition ratios. All runners use --no-confine (qemu-user refuses seccomp filters), the native one too
-so the comparison is like for like. Writes bench/results/qemu.json.
+so a busy machine slows all alike; figures are medians, ratios emulated / native are medians of the per-repetition ratios.
+All runners use --no-confine (qemu-user refuses seccomp filters), the native one too, so the comparison is like for like.
+Writes bench/results/qemu.json.
 """
 from __future__ import annotations
 import argparse, json, os, pathlib, re, shutil, signal, statistics, subprocess, sys, tempfile, time
@@ -87,7 +88,8 @@ def main():
   try:
     time.sleep(1.0)
     for c, (p, addr) in procs.items():
-      res[c] = {"emulated": CPUS[c][0] is not None, "stripped_bytes": stripped_size(c), "text_data_bytes": text_data(c), "idle_rss_kib": rss_kib(p.pid)}
+      res[c] = {"emulated": CPUS[c][0] is not None, "stripped_bytes": stripped_size(c), "text_data_bytes": text_data(c),
+                "idle_rss_kib": rss_kib(p.pid)}
       with Runner(addr) as r: res[c]["reports"] = f"{r.info.arch} {r.info.cpu} {r.info.features}".strip()
     runs: dict[str, dict[str, list[float]]] = {c: {"launch": [], "mlp": []} for c in cpus}
     for rep in range(args.reps):

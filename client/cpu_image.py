@@ -40,7 +40,8 @@ def rv_load(obj:bytes, name:str) -> tuple[list, bytearray, list[tuple[int, int, 
     if sh.sh_type == libc.SHT_RELA: struct.pack_into("<I", hidden, hdr.e_shoff + i * hdr.e_shentsize + 4, libc.SHT_NULL)
   image, sections, _ = elf_loader(bytes(hidden))
   symtab = next(s for s in sections if s.header.sh_type == libc.SHT_SYMTAB)
-  syms, strtab = (libc.Elf64_Sym * (len(symtab.content) // ctypes.sizeof(libc.Elf64_Sym))).from_buffer_copy(symtab.content), sections[symtab.header.sh_link].content
+  syms = (libc.Elf64_Sym * (len(symtab.content) // ctypes.sizeof(libc.Elf64_Sym))).from_buffer_copy(symtab.content)
+  strtab = sections[symtab.header.sh_link].content
   relocs = []
   for sh, sec in zip(shdrs, sections):
     if sh.sh_type != libc.SHT_RELA or not shdrs[sh.sh_info].sh_flags & libc.SHF_ALLOC or sec.name == ".rela.eh_frame": continue

@@ -72,7 +72,8 @@ def test_a_compiler_change_rebuilds_every_object(tmp_path):
   """make -C daemon CC=<cross gcc> builds in place: objects from the compiler before must not end up in its binary (daemon/.build-id)."""
   if shutil.which("aarch64-linux-gnu-gcc") is None: pytest.skip("aarch64-linux-gnu-gcc is not installed")
   src = tmp_path / "daemon"
-  shutil.copytree(ROOT / "daemon", src, ignore=shutil.ignore_patterns("*.o", "*.a", "build", "asan", "emu", ".build-id", "metal_runner", "metal_runner_*", "fuzz_*"))
+  shutil.copytree(ROOT / "daemon", src, ignore=shutil.ignore_patterns("*.o", "*.a", "build", "asan", "emu", ".build-id", "metal_runner",
+                                                                   "metal_runner_*", "fuzz_*"))
   for cc, machine in (("cc", None), ("aarch64-linux-gnu-gcc", 183), ("cc", None)):
     r = subprocess.run(["make", "-C", str(src), f"CC={cc}", "metal_runner"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

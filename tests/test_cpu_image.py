@@ -174,6 +174,7 @@ def test_x86_64_runner_reports_the_features_its_level_leaves_out(own_runner):
   # every one this CPU has and its level does not imply is reported (the kernel's flags can only be fewer: it hides what the OS cannot save)
   assert {f for f, fl in X86_FLAGS.items() if fl in flags} - LEVEL_HAS[info.cpu] == set(feats), (info.cpu, feats)
   # and clang takes the string as it is, without a warning about an unknown feature
-  r = subprocess.run(["clang", "-c", "-x", "c", "--target=x86_64-none-unknown-elf", *ClangCompiler(clang_arch(info.arch, info.cpu, info.features).split(",")).args,
-                      "-", "-o", "/dev/null"], input="void k(float* a) { a[0] += 1; }", capture_output=True, text=True)
+  args = ClangCompiler(clang_arch(info.arch, info.cpu, info.features).split(",")).args
+  r = subprocess.run(["clang", "-c", "-x", "c", "--target=x86_64-none-unknown-elf", *args, "-", "-o", "/dev/null"],
+                     input="void k(float* a) { a[0] += 1; }", capture_output=True, text=True)
   assert r.returncode == 0 and not r.stderr, r.stderr

@@ -211,7 +211,8 @@ def test_qemu_tinygrad_remote_tests(arch, tmp_path):
   env = {k: v for k, v in os.environ.items() if k not in ("METAL_RUNNER", "DEV", "DEBUG", "BEAM", "PYTEST_ADDOPTS")}
   env.update({"METAL_RUNNER_BIN": wrapper(arch, tmp_path), "PYTHONPATH": str(ROOT)})
   r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_tinygrad_remote.py",
-                      "-k", " and ".join(f"not {t}" for t in QEMU_SKIP)] + [f"--deselect=tests/test_tinygrad_remote.py::{t}" for t in QEMU_SKIP_ARCH[arch]],
+                      "-k", " and ".join(f"not {t}" for t in QEMU_SKIP)] +
+                     [f"--deselect=tests/test_tinygrad_remote.py::{t}" for t in QEMU_SKIP_ARCH[arch]],
                      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   tail = r.stdout[-4000:] + r.stderr[-2000:]
   assert r.returncode == 0, tail
