@@ -237,40 +237,29 @@ arm_features(char *features, size_t flen)
 #endif
 
 #if defined(__linux__) && defined(__riscv)
+static char *cpuinfo(const char *, char *, size_t);
+
 /* The ISA as clang's -march wants it: "rv64" and the single-letter
  * extensions in canonical order as cpu, the multi-letter ones clang knows
  * as features. From /proc/cpuinfo's isa line (first hart) when the kernel
- * gives one, else from AT_HWCAP's letter bits. */
+ * gives one ("rv64imafdcv_zicsr_zfh"), else from AT_HWCAP's letter bits. */
 static void
 rv_isa(char *cpu, size_t clen, char *features, size_t flen)
 {
 	static const char *const multi[] = { "zba", "zbb", "zbc", "zbs", "zfh",
 	    "zfhmin" };
 	unsigned long hw = getauxval(AT_HWCAP);
-	char line[1024], *isa = NULL, *tok, *save;
+	char line[1024], *isa, *tok, *save;
 	const char *l;
 	size_t i, n;
-	FILE *f = fopen("/proc/cpuinfo", "r");
 
-	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-		if (strncmp(line, "isa", 3) == 0 && strchr(line, ':') &&
-		    strncmp(strchr(line, ':') + strspn(strchr(line, ':') + 1,
-		    " \t") + 1, "rv64", 4) == 0) {
-			isa = strchr(line, ':') + 1;
-			isa += strspn(isa, " \t") + 4;
-			isa[strcspn(isa, "\n")] = '\0';
-			break;
-		}
-	}
-	if (f != NULL)
-		fclose(f);
-	if (isa != NULL) {
-		/* rv64imafdcv_zicsr_zfh: letters up to '_', then tokens */
+	if ((isa = cpuinfo("isa", line, sizeof(line))) != NULL &&
+	    strncmp(isa, "rv64", 4) == 0) {
 		hw = 0;
-		for (i = 0; isa[i] != '\0' && isa[i] != '_'; i++)
+		for (i = 4; isa[i] != '\0' && isa[i] != '_'; i++)
 			if (isa[i] >= 'a' && isa[i] <= 'z')
 				hw |= 1ul << (isa[i] - 'a');
-		if (hw & (1ul << ('g' - 'a')))
+		if (hw & (1ul << ('g' - 'a')))	/* g: imafd */
 			hw |= 1ul << ('i' - 'a') | 1ul << ('m' - 'a') |
 			    1ul << ('a' - 'a') | 1ul << ('f' - 'a') |
 			    1ul << ('d' - 'a');
@@ -287,6 +276,31 @@ rv_isa(char *cpu, size_t clen, char *features, size_t flen)
 }
 #endif
 
+#ifndef __APPLE__
+/* The value of the first "key : value" line of /proc/cpuinfo, in buf; NULL
+ * if there is none. Under qemu-user this is the host's file. */
+static char *
+cpuinfo(const char *key, char *buf, size_t len)
+{
+	size_t klen = strlen(key);
+	char *v = NULL;
+	FILE *f = fopen("/proc/cpuinfo", "r");
+
+	while (f != NULL && fgets(buf, (int)len, f) != NULL) {
+		if (strncmp(buf, key, klen) != 0 ||
+		    buf[klen + strspn(buf + klen, " \t")] != ':')
+			continue;
+		v = buf + klen + strspn(buf + klen, " \t") + 1;
+		v += strspn(v, " \t");
+		v[strcspn(v, "\n")] = '\0';
+		break;
+	}
+	if (f != NULL)
+		fclose(f);
+	return v;
+}
+#endif
+
 static void
 cpu_model(char *name, size_t len)
 {
@@ -295,21 +309,12 @@ cpu_model(char *name, size_t len)
 	if (sysctlbyname("machdep.cpu.brand_string", name, &n, NULL, 0) == 0)
 		return;
 #else
-	char line[256];
-	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[256], *v;
 
-	while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-		char *v = strchr(line, ':');
-		if (strncmp(line, "model name", 10) != 0 || v == NULL)
-			continue;
-		v += strspn(v + 1, " \t") + 1;
-		v[strcspn(v, "\n")] = '\0';
+	if ((v = cpuinfo("model name", line, sizeof(line))) != NULL) {
 		snprintf(name, len, "%s", v);
-		fclose(f);
 		return;
 	}
-	if (f != NULL)
-		fclose(f);
 #endif
 	snprintf(name, len, "%s CPU", CPU_ARCH_NAME);
 }

@@ -7,7 +7,7 @@ host system calls), so a confined session cannot start under qemu; test_qemu_ref
 
 Run here: the REMOTE tinygrad tests minus the ones that never reach a kernel on the runner's CPU (QEMU_SKIP), a TinyJit MLP training
 run (examples/train_mlp.py) compared with tinygrad's CPU device, crash isolation, and the CPU report (qemu's -cpu changes HWCAP)."""
-import contextlib, functools, os, re, select, shutil, signal, struct, subprocess, sys, tempfile, threading
+import contextlib, functools, os, pathlib, re, select, shutil, signal, struct, subprocess, sys, tempfile, threading
 import pytest
 from conftest import ROOT
 from client import protocol as P
@@ -33,16 +33,15 @@ def build_cross(arch:str) -> str|None:
 
 def binary(arch:str): return ROOT / "daemon" / "build" / arch / "metal_runner"
 
-def qemu_argv(arch:str, cpu:str|None=None) -> list[str]:
+def qemu_argv(arch:str, cpu:str|None=None, sysroot:str|None=None) -> list[str]:
   if (why:=missing(arch)) is not None: pytest.skip(why)
   if (why:=build_cross(arch)) is not None: pytest.fail(why)
-  qemu, sysroot, _ = QEMU[arch]
-  return [qemu, "-L", sysroot, *(["-cpu", cpu] if cpu else []), str(binary(arch))]
+  return [QEMU[arch][0], "-L", sysroot or QEMU[arch][1], *(["-cpu", cpu] if cpu else []), str(binary(arch))]
 
 @contextlib.contextmanager
-def qemu_runner(arch:str, *args:str, cpu:str|None=None, confine:bool=False):
+def qemu_runner(arch:str, *args:str, cpu:str|None=None, confine:bool=False, sysroot:str|None=None):
   """A runner under qemu-user on 127.0.0.1 with a free port; yields (address, Popen, log lines)."""
-  proc = subprocess.Popen(qemu_argv(arch, cpu) + ["--host", "127.0.0.1", "--port", "0", *([] if confine else ["--no-confine"]), *args],
+  proc = subprocess.Popen(qemu_argv(arch, cpu, sysroot) + ["--host", "127.0.0.1", "--port", "0", *([] if confine else ["--no-confine"]), *args],
                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
   log: list[str] = []
   try:
@@ -174,6 +173,16 @@ def test_qemu_riscv64_reports_its_isa(qrunner):
   assert run_c(addr, loop, "s", [f32(*[1.0] * 256), f32(*[2.0] * 256)], cc="clang-16")[0] == f32(*[7.0] * 256)
   # compiled for a CPU with V, the same kernel is an illegal instruction on this one (qemu's default riscv64 CPU has no V)
   with pytest.raises(RunnerError, match="SIGILL"): run_c(addr, loop, "s", [bytes(1024), bytes(1024)], arch="riscv64,rv64imafdcv", cc="clang-16")
+
+def test_qemu_riscv64_reads_the_isa_line(tmp_path):
+  # a board's kernel gives /proc/cpuinfo an isa line; qemu 7.2 passes the host's file through, so this test gives the guest one of its
+  # own: qemu's -L prefix is searched first for every path the guest opens (a harness; it checks the parsing, not a CPU)
+  (tmp_path / "proc").mkdir()
+  (tmp_path / "lib").symlink_to(pathlib.Path(QEMU["riscv64"][1]) / "lib")
+  (tmp_path / "proc" / "cpuinfo").write_text("processor\t: 0\nhart\t\t: 0\nisa\t\t: rv64imafdcv_zicsr_zifencei_zba_zbb_zfh_zkt\nmmu\t\t: sv39\n")
+  with qemu_runner("riscv64", sysroot=str(tmp_path)) as (addr, _, _), Runner(addr) as c:
+    assert (c.info.cpu, c.info.features, c.info.name) == ("rv64imafdcv", "+zba,+zbb,+zfh", "riscv64 CPU")   # zicsr, zkt: not for kernels
+    assert clang_arch(c.info.arch, c.info.cpu, c.info.features) == "riscv64,rv64imafdcv,zba,zbb,zfh"
 
 HELPER_FIRST = """__attribute__((noinline)) float helper(float x) { return x * 3.0f + 1.0f; }
 static const float tbl[4] = {1.5f, 2.5f, 3.5f, 4.25f};
