@@ -8,8 +8,8 @@
  * pages). A kernel is called the way tinygrad's CPUProgram calls it: every
  * argument a 64-bit word, buffer addresses then integer values. Passing all
  * PROTO_MAX_ARGS words to a function that takes fewer is safe on the SysV
- * x86-64 and AAPCS64 ABIs, where the caller owns the stack arguments;
- * tinygrad's own CPU worker does the same.
+ * x86-64, AAPCS64 and RISC-V LP64D ABIs, where the caller owns the stack
+ * arguments; tinygrad's own CPU worker does the same.
  *
  * The CPU is reported as it is (Rhello cpu and features, in clang's
  * names), so the host compiles for what this machine has and never for an
