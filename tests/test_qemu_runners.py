@@ -7,7 +7,7 @@ host system calls), so a confined session cannot start under qemu; test_qemu_ref
 
 Run here: the REMOTE tinygrad tests minus the ones that never reach a kernel on the runner's CPU (QEMU_SKIP), a TinyJit MLP training
 run (examples/train_mlp.py) compared with tinygrad's CPU device, crash isolation, and the CPU report (qemu's -cpu changes HWCAP)."""
-import contextlib, functools, os, pathlib, re, select, shutil, signal, struct, subprocess, sys, tempfile, threading
+import contextlib, functools, json, os, pathlib, re, select, shutil, signal, struct, subprocess, sys, tempfile, threading
 import pytest
 from conftest import ROOT
 from client import protocol as P
@@ -200,6 +200,27 @@ def test_qemu_riscv64_relaxable_objects_run(qrunner, cc):
   if cc == "clang-16": assert {RV.RELAX, RV.ALIGN, RV.BRANCH, RV.RVC_JUMP} <= types, types
   out, _ = run_c(addr, HELPER_FIRST, "kern", [bytes(32), f32(*range(8))], [8], cc=cc)
   assert struct.unpack("<8f", out) == (2.5, 6.5, 10.5, 14.25, 14.5, 18.5, 3.5, 4.25)
+
+@pytest.mark.parametrize("qrunner", ["riscv64"], indirect=True)
+def test_qemu_riscv64_tinygrad_kernels_from_clang16(qrunner):
+  # tinygrad with CC=clang-16 (a fresh process, no compile cache): its kernels carry every relaxable relocation, and compute right
+  if shutil.which("clang-16") is None: pytest.skip("clang-16 is not installed")
+  code = """import json, numpy as np, client.remote_metal, client.cpu_image as ci
+from tinygrad import Tensor
+seen, relocate = set(), ci.rv_relocate
+def spy(image, relocs, name): seen.update(t for _, _, t, _ in relocs); return relocate(image, relocs, name)
+ci.rv_relocate = spy
+x = np.random.default_rng(0).standard_normal((32, 32)).astype(np.float32); a = Tensor(x, device="REMOTE")
+got = [(a @ a).relu().sum(axis=1).numpy(), a.softmax(-1).numpy(), a.exp().sin().numpy(), a.argmax(-1).numpy()]
+e = np.exp(x - x.max(-1, keepdims=True))
+want = [np.maximum(x @ x, 0).sum(1), e / e.sum(-1, keepdims=True), np.sin(np.exp(x)), x.argmax(-1)]
+print(json.dumps({"ok": [bool(np.allclose(g, w, rtol=1e-4, atol=1e-4)) for g, w in zip(got, want)], "types": sorted(seen)}))"""
+  r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT), "METAL_RUNNER": qrunner[1], "CC": "clang-16",
+                     "CACHELEVEL": "0"}, capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+  assert r.returncode == 0, r.stderr[-3000:]
+  from client.cpu_image import RV
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  assert out["ok"] == [True] * 4 and {RV.RELAX, RV.ALIGN, RV.BRANCH, RV.PCREL_HI20} <= set(out["types"]), out
 
 # *** tinygrad on the emulated runners
 
