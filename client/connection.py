@@ -95,6 +95,8 @@ class Runner:
     self._skip: set[int] = set()      # tags whose reply or error nobody waits for any more
     self._names: dict[int, str] = {}  # prog -> kernel name, for error messages
     self._failed: set[int] = set()    # programs whose Tload the runner rejected: nothing to unload
+    # counters for stats(); _rtmark is the request count when the last round trip began (see stats)
+    self._nreq = self._nrt = self._nwait = self._rtmark = self._bsent = self._brecv = 0
     try: self.sock = socket.create_connection(parse_addr(addr), timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
     try:
@@ -156,6 +158,18 @@ class Runner:
     self._handle += 1
     return self._handle
 
+  def stats(self) -> dict[str, int]:
+    """This connection's totals since it opened (hello and auth included):
+      requests        frames sent
+      replies         replies waited for (each R-message or Rerror a call blocked on)
+      round_trips     waits that had to send a request and block for its answer: a call that flushes the requests queued since the
+                      last reply and then blocks on the socket. The later parts of a split read (sent together with the first, so
+                      already in flight) wait without adding one: a round trip is the link's latency paid once, not a reply
+      bytes_sent      bytes written to the socket
+      bytes_received  bytes read from the socket
+    Requests without a reply (alloc, write, launch and graph_run without wait, ...) cost none: they ride with the next flush."""
+    return {"round_trips": self._nrt, "requests": self._nreq, "replies": self._nwait, "bytes_sent": self._bsent, "bytes_received": self._brecv}
+
   # *** requests ***
 
   def alloc(self, h:int, size:int): self._send(P.TALLOC, f"Talloc handle={h} size={size}", handle=h, bufsize=size)
@@ -201,6 +215,7 @@ class Runner:
     if nb + nv > P.MAX_ARGS: raise RunnerError(self.addr, P.EINVAL, f"{nb + nv} kernel arguments, more than {P.MAX_ARGS}", None, "Tlaunch")
     g, l = (global_size if len(global_size) == 3 else P.dims(global_size)), (local_size if len(local_size) == 3 else P.dims(local_size))
     tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._nreq += 1
     self._sent[tag] = ("Tlaunch prog={} ({})", prog, self._names.get(prog, "?"))
     flat = [x for b in bufs for x in (b[0], 0, b[1])]
     self._out += _TLAUNCH.pack(_TLAUNCH.size + 16 * nb + 8 * nv, P.TLAUNCH, P.FWAIT if wait else 0, tag, 0, prog, nb, nv, *g, *l)
@@ -247,6 +262,7 @@ class Runner:
     """Queue a request whose fixed part is the header plus u32 fields, with a precompiled struct (the waiting requests' hot path)."""
     if self._dead is not None: self._check(desc)
     tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._nreq += 1
     self._sent[tag] = desc
     self._out += st.pack(st.size + (fields[0] if type == P.TPING else 0), type, 0, tag, *fields)
     return tag
@@ -277,6 +293,7 @@ class Runner:
       raise RunnerError(self.addr, P.ELIMIT, f"a {P.MSGS[type].size + n}-byte frame is over this connection's maxmsg {self.maxmsg}", None,
                         _describe(desc))
     tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._nreq += 1
     self._sent[tag] = desc
     self._out += P.pack(type, tag, flags, n, **fields)
     bufs = []
@@ -295,10 +312,12 @@ class Runner:
     try:
       if len(bufs) == 1:  # the usual flush: one buffer of queued requests
         self.sock.sendall(bufs[0])
+        self._bsent += len(bufs[0])
         return
       views = [memoryview(b).cast("B") for b in bufs if _nbytes(b)]
       while views:
         n = self.sock.sendmsg(views[:512])
+        self._bsent += n
         while n:
           if n >= views[0].nbytes: n -= views.pop(0).nbytes
           else: views[0], n = views[0][n:], 0
@@ -324,6 +343,7 @@ class Runner:
     try: n = self.sock.recv_into(view)
     except BlockingIOError: raise TimeoutError from None  # SO_RCVTIMEO passed
     if n == 0: raise EOFError
+    self._brecv += n
     return n
 
   def _fill(self, n:int, deadline:float) -> memoryview:
@@ -367,6 +387,8 @@ class Runner:
     """Flush, then read frames up to the reply to tag; raise the first error of this or any earlier request."""
     desc = self._sent.get(tag) or f"tag {tag}"
     if self._out: self._flush(desc)
+    self._nwait += 1
+    if self._rtmark != self._nreq: self._nrt, self._rtmark = self._nrt + 1, self._nreq
     errors, deadline, dests = [], time.monotonic() + self.timeout, {tag: dest} if dest is not None else None
     try:
       while True:

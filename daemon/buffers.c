@@ -209,6 +209,7 @@ send_read(struct session *s, const struct proto_tread *t, const uint8_t *src)
 	if (net_sendv_all(s->fd, s->out, s->outlen, src, (size_t)t->count) ==
 	    -1)
 		return -2;
+	s->bytes_out += s->outlen + t->count;
 	s->outlen = 0;
 	return 0;
 }

@@ -56,6 +56,7 @@ sess_flush(struct session *s)
 		log_info("session %u: send failed: %s", s->id, strerror(errno));
 		return -1;
 	}
+	s->bytes_out += s->outlen;
 	s->outlen = 0;
 	return 0;
 }
@@ -288,6 +289,7 @@ need(struct session *s, size_t n, int boundary)
 			return -1;
 		}
 		s->inlen += (size_t)r;
+		s->bytes_in += (uint64_t)r;
 	}
 	return 1;
 }
@@ -321,6 +323,7 @@ sess_take(struct session *s, uint8_t *dst, uint64_t count)
 			return -1;
 		}
 		count -= (uint64_t)r;
+		s->bytes_in += (uint64_t)r;
 		if (dst != NULL)
 			dst += r;
 	}
@@ -368,6 +371,20 @@ do_ping(struct session *s, const union proto_msg *m, const uint8_t *data)
 	r.h.tag = m->h.tag;
 	r.ping.count = m->ping.count;
 	return sess_reply(s, &r, data, m->ping.count);
+}
+
+/* Does the runner answer this request (so its client waits for it)? */
+static int
+answered(const struct proto_hdr *h)
+{
+	switch (h->type) {
+	case PROTO_THELLO: case PROTO_TAUTH: case PROTO_TPING:
+	case PROTO_TSYNC: case PROTO_TREAD:
+		return 1;
+	case PROTO_TLAUNCH: case PROTO_TGRAPHRUN:
+		return (h->flags & PROTO_FWAIT) != 0;
+	}
+	return 0;
 }
 
 /*
@@ -490,6 +507,8 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 			sess_fatal(s, m.h.tag, PROTO_EPROTO, s->err);
 			break;
 		}
+		s->nreq++;
+		s->nreply += answered(&m.h);
 		fixed = proto_fixed_size(m.h.type);
 		if (need(s, fixed, 0) <= 0)
 			break;
@@ -522,6 +541,10 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	sess_drain_errors(s);
 	sess_flush(s);
 done:
+	log_info("session %u: %llu requests, %llu answered, %llu bytes in, "
+	    "%llu bytes out", id, (unsigned long long)s->nreq,
+	    (unsigned long long)s->nreply, (unsigned long long)s->bytes_in,
+	    (unsigned long long)s->bytes_out);
 	log_info("session %u: closing, freeing %u buffers (%llu bytes), %u "
 	    "programs, %u graphs", id, s->bufs.count,
 	    (unsigned long long)s->mem, s->progs.count, s->graphs.count);

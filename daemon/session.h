@@ -72,6 +72,9 @@ struct session {
 	uint8_t *errq;
 	size_t errqcap, errqlen;
 	uint32_t nqueued, dropped, dropped_tag;
+	/* Totals for the closing log line: requests, those the runner
+	 * answers (the client waits for each), bytes each way. */
+	uint64_t nreq, nreply, bytes_in, bytes_out;
 
 	/* Scratch for resolving launches: grown to the largest graph. */
 	struct be_launch *launches;

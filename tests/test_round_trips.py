@@ -1,0 +1,88 @@
+# Round trips and byte counts: Runner.stats() on the client, the runner's per-session totals in its -v log. Not timed: these count what
+# crosses the link, which is what a real network makes expensive (bench/run.py --only link times it over an emulated one).
+import re
+import numpy as np
+import pytest
+from conftest import run_python
+from runner_proc import RunnerProc
+from client.connection import Runner
+
+def test_stats_count_requests_round_trips_and_bytes(daemon_bin):
+  r = RunnerProc("-v", binary=daemon_bin)
+  try:
+    with Runner(r.addr) as c:
+      s0 = c.stats()
+      assert s0["round_trips"] == 1 and s0["requests"] == 1 and s0["replies"] == 1   # Thello
+      c.alloc(1, 1 << 20)
+      c.write(1, 0, np.arange(1 << 18, dtype=np.float32))
+      c.alloc(2, 64)
+      s1 = c.stats()
+      assert s1["round_trips"] == 1 and s1["requests"] == 4 and s1["bytes_received"] == s0["bytes_received"]   # pipelined: no wait
+      out = np.empty(1 << 18, dtype=np.float32)
+      c.read(1, 0, out)   # 1 MiB in one Tread (maxmsg is larger)
+      assert (out == np.arange(1 << 18)).all()
+      s2 = c.stats()
+      assert s2["round_trips"] == 2 and s2["requests"] == 5 and s2["replies"] == 2
+      assert s2["bytes_sent"] - s0["bytes_sent"] >= 1 << 20 and s2["bytes_received"] - s1["bytes_received"] >= 1 << 20
+      c.ping(b"x" * 100)
+      c.sync()
+      s3 = c.stats()
+      assert s3["round_trips"] == 4 and s3["requests"] == 7
+    log = r.log_text(0.3)
+  finally: r.stop()
+  m = re.search(r"session \d+: (\d+) requests, (\d+) answered, (\d+) bytes in, (\d+) bytes out", log)
+  assert m, log
+  assert tuple(map(int, m.groups())) == (s3["requests"], s3["replies"], s3["bytes_sent"], s3["bytes_received"]), log
+
+def test_split_read_is_one_round_trip(cpu_runner):
+  # a read larger than a frame goes out as several Treads at once; waiting for the later parts costs no further round trip
+  with Runner(cpu_runner) as c:
+    n = c.maxmsg * 2 + 100
+    c.alloc(1, n)
+    before = c.stats()
+    c.read(1, 0, bytearray(n))
+    after = c.stats()
+  assert after["requests"] - before["requests"] == 3 and after["replies"] - before["replies"] == 3
+  assert after["round_trips"] - before["round_trips"] == 1
+
+JIT_STEPS = """
+import client.remote_metal, json
+from tinygrad import Tensor, TinyJit, Device, Context, nn
+from tinygrad.nn.optim import SGD
+Tensor.manual_seed(0)
+l1, l2 = nn.Linear(32, 16), nn.Linear(16, 4)
+params = nn.state.get_parameters([l1, l2])
+opt = SGD(params, lr=0.01)
+X, Y = Tensor.randn(8, 32).realize(), Tensor.randint(8, high=4).realize()
+@TinyJit
+def step():
+  with Context(TRAINING=1):
+    opt.zero_grad()
+    loss = l2(l1(X).relu()).sparse_categorical_crossentropy(Y).backward()
+    return loss.realize(*opt.schedule_step())
+runner = Device["REMOTE"].runner
+out = {}
+for read in (True, False):
+  step.reset()
+  for _ in range(3): loss = step(); loss.item()          # capture, then the first replay
+  Device["REMOTE"].synchronize()
+  s0 = runner.stats()
+  losses = [step().item() if read else step() for _ in range(5)]
+  s1 = runner.stats()
+  out[str(read)] = {k: s1[k] - s0[k] for k in s0}
+  out[str(read) + "_losses"] = [float(x) for x in losses] if read else []
+print(json.dumps(out))
+"""
+
+def test_captured_jit_step_round_trips(cpu_runner):
+  # after capture, a TinyJit step that reads the loss costs exactly one round trip; one that does not read costs none
+  import json
+  r = run_python(JIT_STEPS, env={"METAL_RUNNER": cpu_runner, "DEV": "REMOTE"})
+  assert r.returncode == 0, r.stderr[-3000:]
+  out = json.loads(r.stdout.strip().splitlines()[-1])
+  read, noread = out["True"], out["False"]
+  assert read["round_trips"] == 5, out
+  assert noread["round_trips"] == 0 and noread["bytes_received"] == 0, out
+  assert noread["requests"] >= 5, out   # the steps did go out (each one Tgraphrun at least), pipelined
+  assert read["requests"] - noread["requests"] == 5, out   # reading adds just the Tread per step
+  assert len(set(out["True_losses"])) > 1, out   # training moved: the reads were real
