@@ -1,10 +1,11 @@
 """One TCP connection to a metal_runner daemon (protocol.md): class Runner and the errors it raises.
 
 Requests without a reply (alloc, free, write, copy, load, unload, graph, graph_free, and launch/graph_run without wait) are
-appended to a send buffer, which is flushed when a waiting call is made (read, sync, ping, launch/graph_run with wait)
-or once it passes 64 KiB. The runner sends the errors of such requests just before its next reply, so a waiting call
-raises the first of them, after consuming its own reply. Bulk data (write, large program images) is sent from the
-caller's buffer without copying and read() receives straight into the caller's memoryview.
+appended to a send buffer, which is flushed when a waiting call is made (read, sync, ping, launch/graph_run with wait),
+after a graph_run (a whole JIT batch, worth starting at once) or once it passes 64 KiB. The runner sends the errors of
+such requests just before its next reply, so a waiting call raises the first of them, after consuming its own reply.
+Bulk data (write, large program images) is sent from the caller's buffer without copying and read() receives straight
+into the caller's memoryview.
 
 Environment:
   METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
@@ -91,6 +92,7 @@ class Runner:
     self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
     self._tag, self._handle, self._out, self._dead = 0, 0, bytearray(), None
     self._rbuf, self._rpos, self._rlen = bytearray(65536), 0, 0
+    self._rview = memoryview(self._rbuf)
     self._sent: dict[int, str] = {}   # tag -> description, for requests not yet known to be done (in send order)
     self._skip: set[int] = set()      # tags whose reply or error nobody waits for any more
     self._names: dict[int, str] = {}  # prog -> kernel name, for error messages
@@ -233,7 +235,10 @@ class Runner:
     """Apply patches [(entry, kind, index, handle, value)] (they persist) and run graph gid; with wait, return seconds."""
     body = b"".join(P.patch(*p) for p in patches)
     tag = self._send(P.TGRAPHRUN, f"Tgraphrun graph={gid}", P.FWAIT if wait else 0, [body], graph=gid, count=len(patches))
-    return self._wait(tag, P.RGRAPHRUN)["ns"] * 1e-9 if wait else None
+    if wait: return self._wait(tag, P.RGRAPHRUN)["ns"] * 1e-9
+    # a graph is a whole JIT batch: send it now, so the runner works (and a slow link carries it) while the program prepares the next
+    self._flush(self._sent[tag])
+    return None
 
   def graph_free(self, gid:int): self._send(P.TGRAPHFREE, f"Tgraphfree graph={gid}", graph=gid)
   def sync(self): self._wait(self._small(P.TSYNC, _HDR, "Tsync"), P.RSYNC)
@@ -352,7 +357,10 @@ class Runner:
       if self._rpos and (self._rlen == len(self._rbuf) or len(self._rbuf) - self._rpos < n):  # compact
         self._rbuf[:self._rlen - self._rpos] = self._rbuf[self._rpos:self._rlen]
         self._rlen, self._rpos = self._rlen - self._rpos, 0
-      if len(self._rbuf) < n: self._rbuf.extend(bytes(n - len(self._rbuf)))
+      if len(self._rbuf) < n:
+        self._rview.release()   # a bytearray with a view cannot grow
+        self._rbuf.extend(bytes(n - len(self._rbuf)))
+        self._rview = memoryview(self._rbuf)
       self._rlen += self._recv_some(memoryview(self._rbuf)[self._rlen:], deadline)
     return memoryview(self._rbuf)[self._rpos:self._rpos + n]
 
@@ -391,6 +399,15 @@ class Runner:
     if self._rtmark != self._nreq: self._nrt, self._rtmark = self._nrt + 1, self._nreq
     errors, deadline, dests = [], time.monotonic() + self.timeout, {tag: dest} if dest is not None else None
     try:
+      # the usual case: nothing buffered and the reply is a fixed-size frame that arrives whole; one recv, no parsing beyond the header
+      if self._rpos == self._rlen and dest is None:
+        self._rpos, self._rlen = 0, self._recv_some(self._rview, deadline)
+        m = P.MSGS[rtype]
+        if self._rlen >= m.size and _HDR.unpack_from(self._rbuf) == (m.size, rtype, 0, tag):
+          self._rpos = m.size
+          (f := m.unpack(self._rbuf))["data"] = b""
+          self._done(tag)
+          return f
       while True:
         t, f, data = self._recv_frame(deadline, dests)
         if t == P.RERROR:
@@ -418,14 +435,17 @@ class Runner:
       self.close()
       self._dead = f"interrupted while waiting for {_describe(desc)}"
       raise
-    # every request up to tag is done now, with or without an error; usually tag is the newest, so this is O(1)
+    self._done(tag)
+    if errors:
+      errors[0].others = errors[1:]
+      raise errors[0]
+    return f
+
+  def _done(self, tag:int):
+    """Every request up to tag is done now, with or without an error; usually tag is the newest, so this is O(1)."""
     if self._sent and next(reversed(self._sent)) == tag: self._sent.clear()
     elif tag in self._sent:
       it = iter(self._sent)
       for k in it:
         if k == tag: break
       self._sent = {k: self._sent[k] for k in it}
-    if errors:
-      errors[0].others = errors[1:]
-      raise errors[0]
-    return f
