@@ -8,7 +8,8 @@
  *   linkemu TARGET_HOST:PORT DELAY_US RATE_MBIT [JITTER_US]
  *
  * prints "listening on 127.0.0.1:PORT" (a free port) first. RATE_MBIT 0 is
- * unlimited. Why a relay: netem is not in these kernels, and tbf alone has
+ * unlimited. A line "DELAY_US RATE_MBIT JITTER_US" on stdin switches every
+ * connection to that profile (answered "ok"). Why a relay: netem is not in these kernels, and tbf alone has
  * no delay.
  *
  * The model is a store-and-forward link: bytes read from one side are cut
@@ -73,9 +74,48 @@ struct dir {
 };
 
 static char *target_host, *target_port;
-static int64_t delay_ns, jitter_ns;
-static double ns_per_byte;	/* 0: unlimited */
-static uint32_t pkt_max;
+/* The profile: set at start, changed by lines on stdin. Read without a
+ * lock: a packet in flight while it changes gets either setting. */
+static volatile int64_t delay_ns, jitter_ns;
+static volatile double ns_per_byte;	/* 0: unlimited */
+static volatile uint32_t pkt_max;
+
+static void
+set_profile(double delay_us, double mbit, double jitter_us)
+{
+	uint32_t pkt;
+
+	delay_ns = (int64_t)(delay_us * 1000);
+	jitter_ns = (int64_t)(jitter_us * 1000);
+	ns_per_byte = mbit > 0 ? 8000.0 / mbit : 0;
+	/* Packets of about 100 µs at the link rate, within 1500..64 KiB:
+	 * small enough that a short message does not queue long behind a
+	 * bulk transfer, large enough to keep the syscalls few. */
+	pkt = mbit > 0 ? (uint32_t)(mbit * 100 / 8) : MAXPKT;
+	pkt_max = pkt < 1500 ? 1500 : pkt > MAXPKT ? MAXPKT : pkt;
+}
+
+/* "DELAY_US RATE_MBIT JITTER_US" per line on stdin sets a new profile for
+ * every connection, so one set of connections can cross several links;
+ * each line is answered "ok". */
+static void *
+control(void *arg)
+{
+	char line[256];
+	double d, r, j;
+
+	(void)arg;
+	while (fgets(line, sizeof(line), stdin) != NULL) {
+		if (sscanf(line, "%lf %lf %lf", &d, &r, &j) != 3) {
+			printf("bad profile line\n");
+		} else {
+			set_profile(d, r, j);
+			printf("ok\n");
+		}
+		fflush(stdout);
+	}
+	return NULL;
+}
 
 static int64_t
 now_ns(void)
@@ -242,7 +282,6 @@ main(int argc, char **argv)
 {
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	socklen_t sl = sizeof(sa);
-	double mbit;
 	char *colon;
 	int s, one = 1;
 
@@ -254,18 +293,7 @@ main(int argc, char **argv)
 	*colon = '\0';
 	target_host = argv[1];
 	target_port = colon + 1;
-	delay_ns = (int64_t)(atof(argv[2]) * 1000);
-	mbit = atof(argv[3]);
-	jitter_ns = argc == 5 ? (int64_t)(atof(argv[4]) * 1000) : 0;
-	ns_per_byte = mbit > 0 ? 8000.0 / mbit : 0;
-	/* Packets of about 100 µs at the link rate, within 1500..64 KiB:
-	 * small enough that a short message does not queue long behind a
-	 * bulk transfer, large enough to keep the syscalls few. */
-	pkt_max = mbit > 0 ? (uint32_t)(mbit * 100 / 8) : MAXPKT;
-	if (pkt_max < 1500)
-		pkt_max = 1500;
-	if (pkt_max > MAXPKT)
-		pkt_max = MAXPKT;
+	set_profile(atof(argv[2]), atof(argv[3]), argc == 5 ? atof(argv[4]) : 0);
 	signal(SIGPIPE, SIG_IGN);
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	if ((s = socket(AF_INET, SOCK_STREAM, 0)) == -1 ||
@@ -278,6 +306,12 @@ main(int argc, char **argv)
 	}
 	printf("listening on 127.0.0.1:%d\n", ntohs(sa.sin_port));
 	fflush(stdout);
+	{
+		pthread_t th;
+
+		if (pthread_create(&th, NULL, control, NULL) == 0)
+			pthread_detach(th);
+	}
 	for (;;) {
 		pthread_t th;
 		int c = accept(s, NULL, NULL);

@@ -86,6 +86,40 @@ def draw(src, dst):
   fig.savefig(dst, dpi=110)
   plt.close(fig)
 
+def draw_network(src, dst):
+  """bench/results/network.json (bench/run.py --only network): step time and tokens/s against the emulated RTT, for this runner,
+  tinygrad 0.11's REMOTE and the ideal line (local + round trips x RTT + bytes / rate), round trips per step or token written on."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import matplotlib.ticker  # noqa: F401
+  d = json.loads(pathlib.Path(src).read_text())
+  rows = d["rows"]
+  fig, axs = plt.subplots(1, 3, figsize=(16, 4.8))
+  for ax, wl, title in ((axs[0], "mlp_item", "TinyJit MLP step, loss read every step"), (axs[1], "mlp_sync", "the same, one sync per 50 steps"),
+                        (axs[2], "llm", "LLM decoding (~20 M parameters)")):
+    rs = sorted((r for r in rows if r["workload"] == wl), key=lambda r: r["rtt_ms"])
+    if not rs: continue
+    x = [r["rtt_ms"] for r in rs]
+    conv = (lambda ms: 1e3 / ms) if wl == "llm" else (lambda ms: ms)
+    for key, label, style in (("runner_ms", "this runner", "o-"), ("r011_ms", "tinygrad 0.11 REMOTE", "s-"), ("ideal_ms", "ideal (local tinygrad CPU)", "k--"),
+                              ("floor_ms", "ideal (this runner on loopback)", "k:")):
+      pts = [(xx, conv(r[key])) for xx, r in zip(x, rs) if r.get(key)]
+      if pts: ax.plot(*zip(*pts), style, label=label)
+    for xx, r in zip(x, rs): ax.annotate(f"{r['round_trips']:.2f} RT/{r['per']}\n{r['profile']}", (xx, conv(r["runner_ms"])), fontsize=7,
+                                         textcoords="offset points", xytext=(4, -18 if wl == "llm" else 4))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for a in (ax.xaxis, ax.yaxis): a.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("emulated round trip (ms, measured through bench/linkemu)")
+    ax.set_ylabel("tokens/s" if wl == "llm" else "ms per step")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.suptitle(f"Over EMULATED links (a relay on loopback, not a network): {d['info'].get('date', '')}", fontsize=10)
+  fig.tight_layout()
+  fig.savefig(dst, dpi=110)
+
 if __name__ == "__main__":
   here = pathlib.Path(__file__).resolve().parent / "results"
   draw(sys.argv[1] if len(sys.argv) > 1 else here / "latest.json", sys.argv[2] if len(sys.argv) > 2 else here / "latest.png")

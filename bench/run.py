@@ -13,6 +13,8 @@ slows both sides alike. It never fails on a number; a part that cannot run is re
                    its own process, plus REMOTE with 1 thread: bench/tg_worker.py (its docstring says exactly what is timed)
   4. --remote011   the same through tinygrad 0.11.0's REMOTE device (its HTTP server), from bench/.venv011: bench/remote011.py
   5. footprint     stripped daemon size, idle RSS, RSS per idle session (process and thread isolation)
+  6. network       only with --only network (about 15 minutes): over EMULATED links (bench/linkemu.c), this runner vs local tinygrad and
+                   0.11's REMOTE: bench/netbench.py
 
 Round trips (C echo, ping, tinygrad's launch + read) are taken twice, with the server side (echo server, the runner's session process,
 0.11's server) pinned to the first CPU and the client pinned to the same CPU ("1 CPU") or to the second ("2 CPUs"): on a VM, waking a
@@ -389,6 +391,10 @@ def targets() -> list[dict]:
               "met": None if v is None else (v <= limit if op == "<=" else v >= limit), "fmt": fmt})
   for regime, where in (("same", ", 1 CPU"), ("cross", ", 2 CPUs"), ("any", "")):
     if f"ratio.ping_vs_echo.{regime}" in FIG: t(f"ping RTT ≤ 1.6× C echo RTT{where}", f"ratio.ping_vs_echo.{regime}", "<=", 1.6, "×")
+  if "proto.ping_rtt.same" in FIG and "proto.rawping_rtt.same" in FIG:   # issue 10: the client's own overhead per round trip
+    add("ratio.ping_vs_rawping.same", med("proto.ping_rtt.same") / med("proto.rawping_rtt.same"), "×", "ping RTT / minimal Python loop, 1 CPU")
+    FIG["ratio.ping_vs_rawping.same"].update(median=FIG["ratio.ping_vs_rawping.same"]["runs"][0], min=0, max=0, n=1)
+    t("ping RTT ≤ 1.3× minimal Python send/recv loop, 1 CPU", "ratio.ping_vs_rawping.same", "<=", 1.3, "×")
   t("pipelined launches (1,000) ≥ 100,000/s, protocol", "proto.launch_1k", ">=", 100_000, "/s", "{:,.0f}")
   t("pipelined launches (100,000) ≥ 100,000/s, protocol", "proto.launch_100k", ">=", 100_000, "/s", "{:,.0f}")
   t("≤ 10 µs per launch, tinygrad REMOTE", "tg.remote.launch.us_per_launch", "<=", 10, "µs", "{:.1f}")
@@ -460,13 +466,16 @@ def machine() -> dict:
           "python": platform.python_version(), "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)}
 
 INFO: dict = {}
+NET: dict = {}   # --only network: bench/netbench.py's results
+import netbench  # noqa: E402
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="fewer and shorter runs (about a minute)")
   ap.add_argument("--remote011", action="store_true", help="also measure tinygrad 0.11.0's REMOTE device (creates bench/.venv011)")
   ap.add_argument("--reps", type=int, default=None, help="runs per figure (default 5, --quick 3)")
-  ap.add_argument("--only", default="link,conc,tinygrad,footprint", help=argparse.SUPPRESS)
+  ap.add_argument("--only", default="link,conc,tinygrad,footprint", help="sections, from link,conc,tinygrad,footprint,network (network: "
+                  "over emulated links, bench/netbench.py; not in the default set, it takes about 15 minutes)")
   args = ap.parse_args()
   reps, only = args.reps or (3 if args.quick else 5), set(args.only.split(","))
   LOGS.mkdir(parents=True, exist_ok=True)
@@ -485,7 +494,8 @@ def main():
     steps = [("link", "link and protocol", lambda: bench_link_and_protocol(runner, reps, args.quick)),
              ("conc", "concurrent clients", lambda: bench_concurrency(runner, reps, args.quick)),
              ("tinygrad", "tinygrad level", lambda: bench_tinygrad(runner, reps, args.remote011, INFO["runner"]["ncores"], args.quick)),
-             ("footprint", "footprint", lambda: bench_footprint(reps))]
+             ("footprint", "footprint", lambda: bench_footprint(reps)),
+             ("network", "over emulated links", lambda: NET.update(netbench.bench_network(sys.modules[__name__], runner, log, args.quick)))]
     for key, name, fn in steps:
       if key not in only: continue
       log(f"{name} ...")
@@ -505,6 +515,15 @@ def main():
   print(f"metal_runner benchmark, {INFO['date']}, {m['cpu']}, {m['cores']} cores, Linux {m['kernel']}, Python {m['python']}; "
         f"{reps} runs per figure, median [min, max]; {INFO['duration_s']:.0f} s; load average {load0[0]:.2f} at start, {INFO['loadavg_end'][0]:.2f} at end")
   print(out)
+  if NET:
+    print(netbench.table(NET))
+    (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET, "rows": netbench.derive(NET)}, indent=1, ensure_ascii=False))
+    print(f"network figures: {RESULTS / 'network.json'}")
+    try:
+      import plot
+      plot.draw_network(RESULTS / "network.json", RESULTS / "network.png")
+      print(f"network plot: {RESULTS / 'network.png'}")
+    except Exception as e: print(f"network plot: not drawn: {type(e).__name__}: {e}")
   figures = {k: {kk: vv for kk, vv in v.items()} for k, v in FIG.items()}
   (RESULTS / "latest.json").write_text(json.dumps({"info": INFO, "figures": figures, "targets": [{k: v for k, v in t.items() if k != "fmt"} for t in T]},
                                                   indent=1, ensure_ascii=False))
