@@ -5,7 +5,6 @@ workloads that a network link changes. Prints {"ready": ...}, then answers one J
   load BYTES                Allocator._copyin of BYTES (random) into a device buffer, then a sync: seconds and GB/s
   llm N                     decode N tokens (greedy) with a small llama-style model with random weights (LLM below); the first call
                             builds it, uploads the weights from host memory (timed: load_s) and captures the decode JIT
-  llm2 N                    the same model with its weights sharded across REMOTE:0 and REMOTE:1 (0.14 only)
   beam                      BEAM=2 search and run of one 256x256x256 float matmul of a shape not searched before in this process
 
 Runs under tinygrad 0.14 (REMOTE: this runner through METAL_RUNNER, or CPU) and 0.11 (REMOTE=1 HOST=...: 0.11's REMOTE). With 0.14's
@@ -51,8 +50,8 @@ def m_load(nbytes:int) -> dict:
 
 MODELS: dict = {}
 
-def build_llm(devices) -> dict:
-  """The model with weights uploaded from host memory (numpy, seed 0) onto devices (one device, or a tuple to shard over)."""
+def build_llm(device:str) -> dict:
+  """The model with weights uploaded from host memory (numpy, seed 0) onto device."""
   Tensor.manual_seed(0)
   if V014:
     if "tinygrad.llm.kernels.amd" not in sys.modules:
@@ -76,19 +75,15 @@ def build_llm(devices) -> dict:
   nbytes = sum(a.nbytes for a in host.values())
   W.sync()
   s0, t = stats(), time.perf_counter()
-  for k, p in params.items():
-    x = Tensor(host[k], device=devices if isinstance(devices, str) else devices[0])
-    if not isinstance(devices, str): x = x.shard(devices, axis=0 if len(p.shape) == 2 and p.shape[0] % len(devices) == 0 else None)
-    p.replace(x)
+  for k, p in params.items(): p.replace(Tensor(host[k], device=device))
   Tensor.realize(*params.values())
-  for d in ([devices] if isinstance(devices, str) else devices): Device[d].synchronize() if (V014 or "REMOTE" not in d) else W.sync()
+  W.sync()
   load_s = time.perf_counter() - t
   return {"model": model, "load_s": load_s, "bytes": nbytes, "params": sum(a.size for a in host.values()), "load_stats": diff(s0, stats())}
 
-def m_llm(n:int, shard:bool=False) -> dict:
-  key = "llm2" if shard else "llm"
-  if key not in MODELS: MODELS[key] = build_llm((f"{DEV}:0", f"{DEV}:1") if shard else DEV)
-  m = MODELS[key]
+def m_llm(n:int) -> dict:
+  if "llm" not in MODELS: MODELS["llm"] = build_llm(DEV)
+  m = MODELS["llm"]
   gen = m["model"].generate([1, 2, 3, 4])
   for _ in range(4): next(gen)   # prefill, capture, warm up
   s0, t = stats(), time.perf_counter()
@@ -125,7 +120,7 @@ def m_mlp(every:int, n:int) -> dict:
   return {"steps_per_s": steps / (time.perf_counter() - t), "steps": steps, "stats": diff(s0, stats())}
 
 CMDS = {"mlp_item": lambda n: m_mlp(1, int(n)), "mlp_sync": lambda n: m_mlp(50, int(n)), "load": lambda n: m_load(int(n)),
-        "llm": lambda n: m_llm(int(n)), "llm2": lambda n: m_llm(int(n), True), "beam": lambda *_: m_beam()}
+        "llm": lambda n: m_llm(int(n)), "beam": lambda *_: m_beam()}
 
 if __name__ == "__main__":
   from importlib.metadata import version
