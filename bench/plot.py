@@ -110,7 +110,7 @@ def draw_network(src, dst):
                                          textcoords="offset points", xytext=(4, -18 if wl == "llm" else 4))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for a in (ax.xaxis, ax.yaxis): a.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    for a in (ax.xaxis, ax.yaxis): a.set_major_formatter(matplotlib.ticker.ScalarFormatter()); a.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("emulated round trip (ms, measured through bench/linkemu)")
     ax.set_ylabel("tokens/s" if wl == "llm" else "ms per step")
     ax.set_title(title, fontsize=10)
