@@ -9,8 +9,8 @@
  *
  * prints "listening on 127.0.0.1:PORT" (a free port) first. RATE_MBIT 0 is
  * unlimited. A line "DELAY_US RATE_MBIT JITTER_US" on stdin switches every
- * connection to that profile (answered "ok"). Why a relay: netem is not in these kernels, and tbf alone has
- * no delay.
+ * connection to that profile (answered "ok"). Why a relay: netem is not
+ * in these kernels, and tbf alone has no delay.
  *
  * The model is a store-and-forward link: bytes read from one side are cut
  * into packets of at most PKT bytes; a packet occupies the link for

@@ -111,7 +111,8 @@ def bench_network(R, runner, log, quick:bool=False):
       out["profiles"].append(prof)
       rm, ro = prof["sides"]["remote"], prof["sides"]["r011"]
       log(f"  {pname}: emulated RTT {meas / 1000:.3f} ms, {rate * 8:.2f} Gbit/s; mlp item {rm['mlp_item'].get('steps_per_s', 0):.0f} vs 0.11 "
-          f"{ro['mlp_item'].get('steps_per_s', 0):.0f} steps/s; llm {rm['llm'].get('tok_per_s', 0):.1f} vs {ro['llm'].get('tok_per_s', 0):.1f} tok/s; "
+          f"{ro['mlp_item'].get('steps_per_s', 0):.0f} steps/s; llm {rm['llm'].get('tok_per_s', 0):.1f} vs "
+          f"{ro['llm'].get('tok_per_s', 0):.1f} tok/s; "
           f"load {rm['load'].get('gbps', 0) * 8:.2f} vs {ro['load'].get('gbps', 0) * 8:.2f} Gbit/s ({prof['seconds']:.0f} s)")
     return out
   finally:
@@ -155,7 +156,8 @@ def derive(out:dict) -> list[dict]:
       if lr and "error" not in lr:
         t_lo = 1 / (lr["steps_per_s"] if wl != "llm" else lr["tok_per_s"]) - lr["stats"]["round_trips"] / lr[unit_key] * out["relay_rtt_us"] * 1e-6
         floor = t_lo + rt * rtt_s + (byts / bps if p["mbit"] else 0)
-      rows.append({"profile": p["name"], "rtt_ms": p["emu_rtt_us"] / 1000, "workload": wl, "per": per, "local_ms": t_loc * 1e3, "runner_ms": t_rm * 1e3,
+      rows.append({"profile": p["name"], "rtt_ms": p["emu_rtt_us"] / 1000, "workload": wl, "per": per, "local_ms": t_loc * 1e3,
+                   "runner_ms": t_rm * 1e3,
                    "r011_ms": t_ro * 1e3 if t_ro else None, "ideal_ms": ideal * 1e3, "round_trips": rt, "bytes": byts,
                    "vs_ideal": t_rm / ideal, "r011_vs_runner": (t_ro / t_rm) if t_ro else None,
                    "floor_ms": floor * 1e3 if floor else None, "vs_floor": t_rm / floor if floor else None})
@@ -180,7 +182,8 @@ def table(out:dict) -> str:
   for p in out["profiles"]:
     rm, ro = p["sides"]["remote"], p["sides"]["r011"]
     g = rm["load"].get("gbps", 0)
-    L.append(f"{p['name']:<9} {g:>9.3f} {g / p['emu_gbps']:>7.2f} {ro['load'].get('gbps', 0):>9.3f} {rm.get('beam', {}).get('seconds', float('nan')):>8.2f} "
+    L.append(f"{p['name']:<9} {g:>9.3f} {g / p['emu_gbps']:>7.2f} {ro['load'].get('gbps', 0):>9.3f} "
+             f"{rm.get('beam', {}).get('seconds', float('nan')):>8.2f} "
              f"{ro.get('beam', {}).get('seconds', float('nan')):>7.2f} {loc['beam'].get('seconds', float('nan')):>7.2f}")
   if out["profiles"]:
     rm, ro = out["profiles"][0]["sides"]["remote"]["llm"], out["profiles"][0]["sides"]["r011"]["llm"]

@@ -102,7 +102,8 @@ def draw_network(src, dst):
     if not rs: continue
     x = [r["rtt_ms"] for r in rs]
     conv = (lambda ms: 1e3 / ms) if wl == "llm" else (lambda ms: ms)
-    for key, label, style in (("runner_ms", "this runner", "o-"), ("r011_ms", "tinygrad 0.11 REMOTE", "s-"), ("ideal_ms", "ideal (local tinygrad CPU)", "k--"),
+    for key, label, style in (("runner_ms", "this runner", "o-"), ("r011_ms", "tinygrad 0.11 REMOTE", "s-"),
+                              ("ideal_ms", "ideal (local tinygrad CPU)", "k--"),
                               ("floor_ms", "ideal (this runner on loopback)", "k:")):
       pts = [(xx, conv(r[key])) for xx, r in zip(x, rs) if r.get(key)]
       if pts: ax.plot(*zip(*pts), style, label=label)
@@ -110,7 +111,9 @@ def draw_network(src, dst):
                                          textcoords="offset points", xytext=(4, -18 if wl == "llm" else 4))
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for a in (ax.xaxis, ax.yaxis): a.set_major_formatter(matplotlib.ticker.ScalarFormatter()); a.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    for a in (ax.xaxis, ax.yaxis):
+      a.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+      a.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("emulated round trip (ms, measured through bench/linkemu)")
     ax.set_ylabel("tokens/s" if wl == "llm" else "ms per step")
     ax.set_title(title, fontsize=10)
