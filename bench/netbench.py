@@ -82,7 +82,7 @@ def bench_network(R, runner, log, quick:bool=False):
         # during a burst of load on this shared machine cannot throw the profile far off
         if abs(meas - target) <= 0.05 * target: break
         excess = min(max(excess + meas - target, 0.0), 0.5 * target + 60)
-        delay = rtt_ms * 500.0 - excess / 2
+        delay = max(0.0, rtt_ms * 500.0 - excess / 2)
         for r in relays.values(): r.profile(delay, mbit)
         meas = R.echo_rtt(relays["echo"].port, n)["median_us"]
       nbytes = int(min(256 * MIB, max(4 * MIB, (mbit or 8000) * 1e6 / 8 * 0.5)))
