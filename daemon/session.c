@@ -379,7 +379,8 @@ answered(const struct proto_hdr *h)
 {
 	switch (h->type) {
 	case PROTO_THELLO: case PROTO_TAUTH: case PROTO_TPING:
-	case PROTO_TSYNC: case PROTO_TREAD:
+	case PROTO_TSYNC: case PROTO_TREAD: case PROTO_TCLOCK:
+	case PROTO_TPROFILE:
 		return 1;
 	case PROTO_TLAUNCH: case PROTO_TGRAPHRUN:
 		return (h->flags & PROTO_FWAIT) != 0;
