@@ -2,14 +2,12 @@
  * main.c: command-line arguments around mr_serve(), the token file and
  * its reload on SIGHUP, and DNS-SD advertising (advertise.h).
  *
- * SIGHUP is blocked in every thread and taken by one thread of its own
- * with sigwait(), so reading the file happens outside a signal handler;
- * sessions inherit the mask and ignore it. A file that cannot be read at
- * SIGHUP leaves the token as it was.
+ * On SIGHUP mr_serve() calls on_hup() from its accept loop, so the file is
+ * read outside a signal handler; session processes ignore SIGHUP. A file
+ * that cannot be read at SIGHUP leaves the token as it was.
  */
 #include <errno.h>
 #include <getopt.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,59 +148,33 @@ read_token(const char *path, size_t *len, char *err, size_t errlen)
 	return buf;
 }
 
-/* The SIGHUP thread: each SIGHUP reads the token file again. */
-static void *
-reload_thread(void *arg)
+/* SIGHUP (mr_serve calls this from its loop): read the token file again. */
+static void
+on_hup(void *arg)
 {
 	const char *path = arg;
 	char err[512];
-	sigset_t set;
 	uint8_t *token;
 	size_t len;
-	int sig;
 
-	sigemptyset(&set);
-	sigaddset(&set, SIGHUP);
-	for (;;) {
-		if (sigwait(&set, &sig) != 0)
-			continue;
-		if (path == NULL) {
-			fprintf(stderr, "metal_runner: SIGHUP: no --token-file, "
-			    "nothing to reload\n");
-			continue;
-		}
-		if ((token = read_token(path, &len, err, sizeof(err))) == NULL) {
-			fprintf(stderr, "metal_runner: SIGHUP: %s; keeping the "
-			    "previous token\n", err);
-			continue;
-		}
-		if (mr_token_replace(token, len) == -1)
-			fprintf(stderr, "metal_runner: SIGHUP: out of memory; "
-			    "keeping the previous token\n");
-		else
-			fprintf(stderr, "metal_runner: SIGHUP: token reloaded "
-			    "from %s; new sessions must use it\n", path);
-		memset(token, 0, len);
-		free(token);
+	if (path == NULL) {
+		fprintf(stderr, "metal_runner: SIGHUP: no --token-file, nothing "
+		    "to reload\n");
+		return;
 	}
-	return NULL;
-}
-
-/* Block SIGHUP here, before any other thread exists, so that every thread
- * (and session process) inherits the mask and only reload_thread takes it. */
-static int
-start_reload(const char *path)
-{
-	pthread_t t;
-	sigset_t set;
-
-	sigemptyset(&set);
-	sigaddset(&set, SIGHUP);
-	if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0 ||
-	    pthread_create(&t, NULL, reload_thread, (void *)path) != 0)
-		return -1;
-	pthread_detach(t);
-	return 0;
+	if ((token = read_token(path, &len, err, sizeof(err))) == NULL) {
+		fprintf(stderr, "metal_runner: SIGHUP: %s; keeping the previous "
+		    "token\n", err);
+		return;
+	}
+	if (mr_token_replace(token, len) == -1)
+		fprintf(stderr, "metal_runner: SIGHUP: out of memory; keeping the "
+		    "previous token\n");
+	else
+		fprintf(stderr, "metal_runner: SIGHUP: token reloaded from %s; "
+		    "new sessions must use it\n", path);
+	memset(token, 0, len);
+	free(token);
 }
 
 /* The socket listens: advertise it if asked, then tell whoever started us. */
@@ -419,10 +391,8 @@ main(int argc, char **argv)
 		    "authentication; anyone who can reach this port can run "
 		    "code here\n", cfg.host);
 	}
-	if (start_reload(token_path) == -1) {
-		fprintf(stderr, "metal_runner: cannot start the SIGHUP thread\n");
-		return 1;
-	}
+	cfg.on_hup = on_hup;
+	cfg.on_hup_arg = (void *)token_path;
 	rc = mr_serve(&cfg) == 0 && !la.failed ? 0 : 1;
 	free(token);
 	return rc;

@@ -42,6 +42,10 @@ struct mr_config {
 	/* Called once the socket listens, with the bound port. */
 	void (*on_listen)(const char *host, int port, void *arg);
 	void *on_listen_arg;
+	/* Called on the serving thread after SIGHUP, NULL: SIGHUP is left
+	 * alone. mr_serve() then takes SIGHUP for the whole process. */
+	void (*on_hup)(void *arg);
+	void *on_hup_arg;
 };
 
 /* server.c */

@@ -60,6 +60,8 @@ struct thread_arg {
 /* Set by mr_stop(), from any thread, and by SIGINT and SIGTERM; lock-free,
  * so the signal handler may set it too. */
 static atomic_int stopping;
+/* Set by SIGHUP when the program asked for it (cfg->on_hup). */
+static atomic_int hup;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slots_idle = PTHREAD_COND_INITIALIZER;
 static int nactive;
@@ -101,6 +103,13 @@ void
 mr_stop(void)
 {
 	stopping = 1;
+}
+
+static void
+on_hup_signal(int sig)
+{
+	(void)sig;
+	hup = 1;
 }
 
 static void
@@ -196,6 +205,8 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	sa.sa_handler = SIG_DFL;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
+	sa.sa_handler = SIG_IGN;	/* a reload is the runner's business */
+	sigaction(SIGHUP, &sa, NULL);
 	/* The mask is the forking thread's: a program embedding the runner
 	 * may block SIGTERM there to sigwait() for it, and stop_sessions()
 	 * must still end this process with it. */
@@ -309,6 +320,13 @@ serve(const struct mr_config *cfg)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGINT, &sa, NULL);	/* no SA_RESTART: poll returns EINTR */
 	sigaction(SIGTERM, &sa, NULL);
+	if (cfg->on_hup != NULL) {
+		/* Acted on here, in the accept loop, not in the handler: no
+		 * thread of its own, which a forked session would inherit the
+		 * memory of (qemu-user cannot even run such a fork's threads). */
+		sa.sa_handler = on_hup_signal;
+		sigaction(SIGHUP, &sa, NULL);
+	}
 	sa.sa_handler = SIG_IGN;
 	sigaction(SIGPIPE, &sa, NULL);
 
@@ -329,6 +347,10 @@ serve(const struct mr_config *cfg)
 
 		if (iso == BE_ISOLATE_PROCESS)
 			reap(0);
+		if (hup && cfg->on_hup != NULL) {
+			hup = 0;
+			cfg->on_hup(cfg->on_hup_arg);
+		}
 		mr_log_handshake_flush();
 		n = poll(&pfd, 1, 500);
 		if (n <= 0)
