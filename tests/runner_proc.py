@@ -33,6 +33,14 @@ class RunnerProc:
     time.sleep(settle)
     return "\n".join(self.log)
 
+  def wait_log(self, *texts:str, timeout:float=10) -> str:
+    """The log once it holds every one of texts (the accept loop logs a session's end up to half a second later); fails after timeout."""
+    deadline = time.monotonic() + timeout
+    while not all(t in (log:="\n".join(self.log)) for t in texts):
+      assert time.monotonic() < deadline, f"runner log lacks {[t for t in texts if t not in log]}: {log}"
+      time.sleep(0.05)
+    return log
+
   def alive(self) -> bool: return self.proc.poll() is None
 
   def stop(self, timeout:float=10) -> int:
