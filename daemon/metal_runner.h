@@ -126,8 +126,23 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* sha256.c */
+struct sha256_ctx {
+	uint32_t h[8];
+	uint64_t len;
+	uint8_t buf[64];
+	size_t n;
+};
+void sha256_init(struct sha256_ctx *c);
+void sha256_update(struct sha256_ctx *c, const void *p, size_t n);
+void sha256_final(struct sha256_ctx *c, uint8_t out[32]);
+/* "CPU SHA instructions" or "portable C": what sha256() runs on here. */
+const char *sha256_impl(void);
 void sha256(const uint8_t *p, size_t n, uint8_t out[32]);
 void hmac_sha256(const uint8_t *key, size_t keylen, const uint8_t *msg,
     size_t msglen, uint8_t out[32]);
+
+/* sha256_hw.c: the CPU's SHA-256 block function, NULL if it has none. */
+typedef void (*sha256_blocks_fn)(uint32_t h[8], const uint8_t *p, size_t n);
+sha256_blocks_fn sha256_hw_blocks(void);
 
 #endif

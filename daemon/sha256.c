@@ -1,18 +1,14 @@
 /*
  * sha256.c: SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), small and
  * dependency-free so the runner needs nothing beyond libc. Checked against
- * the FIPS and RFC 4231 test vectors in tests/test_auth.py.
+ * the FIPS and RFC 4231 test vectors in tests/test_auth.py. Whole blocks go
+ * to the CPU's SHA instructions where it has them (sha256_hw.c): the cache
+ * hashes everything a client sends for it.
  */
+#include <pthread.h>
 #include <string.h>
 
 #include "metal_runner.h"
-
-struct sha256_ctx {
-	uint32_t h[8];
-	uint64_t len;
-	uint8_t buf[64];
-	size_t n;
-};
 
 static const uint32_t K[64] = {
 	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
@@ -31,7 +27,7 @@ static const uint32_t K[64] = {
 #define ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
 
 static void
-block(struct sha256_ctx *c, const uint8_t *p)
+block(uint32_t hh[8], const uint8_t *p)
 {
 	uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
 	int i;
@@ -43,8 +39,8 @@ block(struct sha256_ctx *c, const uint8_t *p)
 		w[i] = (ROR(w[i - 2], 17) ^ ROR(w[i - 2], 19) ^ (w[i - 2] >> 10)) +
 		    w[i - 7] + (ROR(w[i - 15], 7) ^ ROR(w[i - 15], 18) ^
 		    (w[i - 15] >> 3)) + w[i - 16];
-	a = c->h[0]; b = c->h[1]; cc = c->h[2]; d = c->h[3];
-	e = c->h[4]; f = c->h[5]; g = c->h[6]; h = c->h[7];
+	a = hh[0]; b = hh[1]; cc = hh[2]; d = hh[3];
+	e = hh[4]; f = hh[5]; g = hh[6]; h = hh[7];
 	for (i = 0; i < 64; i++) {
 		t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) +
 		    ((e & f) ^ (~e & g)) + K[i] + w[i];
@@ -53,51 +49,90 @@ block(struct sha256_ctx *c, const uint8_t *p)
 		h = g; g = f; f = e; e = d + t1;
 		d = cc; cc = b; b = a; a = t1 + t2;
 	}
-	c->h[0] += a; c->h[1] += b; c->h[2] += cc; c->h[3] += d;
-	c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
+	hh[0] += a; hh[1] += b; hh[2] += cc; hh[3] += d;
+	hh[4] += e; hh[5] += f; hh[6] += g; hh[7] += h;
 }
 
 static void
-init(struct sha256_ctx *c)
+blocks_c(uint32_t h[8], const uint8_t *p, size_t n)
+{
+	for (; n > 0; n--, p += 64)
+		block(h, p);
+}
+
+static sha256_blocks_fn blocks = blocks_c;
+static pthread_once_t blocks_once = PTHREAD_ONCE_INIT;
+
+static void
+pick_blocks(void)
+{
+	sha256_blocks_fn f = sha256_hw_blocks();
+
+	if (f != NULL)
+		blocks = f;
+}
+
+const char *
+sha256_impl(void)
+{
+	pthread_once(&blocks_once, pick_blocks);
+	return blocks == blocks_c ? "portable C" : "CPU SHA instructions";
+}
+
+void
+sha256_init(struct sha256_ctx *c)
 {
 	static const uint32_t h0[8] = { 0x6a09e667, 0xbb67ae85, 0x3c6ef372,
 	    0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19 };
 
+	pthread_once(&blocks_once, pick_blocks);
 	memcpy(c->h, h0, sizeof(h0));
 	c->len = 0;
 	c->n = 0;
 }
 
-static void
-update(struct sha256_ctx *c, const uint8_t *p, size_t n)
+void
+sha256_update(struct sha256_ctx *c, const void *vp, size_t n)
 {
+	const uint8_t *p = vp;
+
 	c->len += n;
 	while (n > 0) {
-		size_t k = 64 - c->n < n ? 64 - c->n : n;
+		size_t k;
+
+		/* Whole blocks straight from p, without copying. */
+		if (c->n == 0 && n >= 64) {
+			blocks(c->h, p, n / 64);
+			k = n / 64 * 64;
+			p += k;
+			n -= k;
+			continue;
+		}
+		k = 64 - c->n < n ? 64 - c->n : n;
 		memcpy(c->buf + c->n, p, k);
 		c->n += k;
 		p += k;
 		n -= k;
 		if (c->n == 64) {
-			block(c, c->buf);
+			blocks(c->h, c->buf, 1);
 			c->n = 0;
 		}
 	}
 }
 
-static void
-final(struct sha256_ctx *c, uint8_t out[32])
+void
+sha256_final(struct sha256_ctx *c, uint8_t out[32])
 {
 	uint64_t bits = c->len * 8;
 	uint8_t pad = 0x80, zero = 0, len[8];
 	int i;
 
-	update(c, &pad, 1);
+	sha256_update(c, &pad, 1);
 	while (c->n != 56)
-		update(c, &zero, 1);
+		sha256_update(c, &zero, 1);
 	for (i = 0; i < 8; i++)
 		len[i] = (uint8_t)(bits >> (56 - 8 * i));
-	update(c, len, 8);
+	sha256_update(c, len, 8);
 	for (i = 0; i < 32; i++)
 		out[i] = (uint8_t)(c->h[i / 4] >> (24 - 8 * (i % 4)));
 }
@@ -107,9 +142,9 @@ sha256(const uint8_t *p, size_t n, uint8_t out[32])
 {
 	struct sha256_ctx c;
 
-	init(&c);
-	update(&c, p, n);
-	final(&c, out);
+	sha256_init(&c);
+	sha256_update(&c, p, n);
+	sha256_final(&c, out);
 }
 
 void
@@ -127,14 +162,14 @@ hmac_sha256(const uint8_t *key, size_t keylen, const uint8_t *msg,
 		memcpy(k, key, keylen);
 	for (i = 0; i < 64; i++)
 		pad[i] = k[i] ^ 0x36;
-	init(&c);
-	update(&c, pad, 64);
-	update(&c, msg, msglen);
-	final(&c, inner);
+	sha256_init(&c);
+	sha256_update(&c, pad, 64);
+	sha256_update(&c, msg, msglen);
+	sha256_final(&c, inner);
 	for (i = 0; i < 64; i++)
 		pad[i] = k[i] ^ 0x5c;
-	init(&c);
-	update(&c, pad, 64);
-	update(&c, inner, 32);
-	final(&c, out);
+	sha256_init(&c);
+	sha256_update(&c, pad, 64);
+	sha256_update(&c, inner, 32);
+	sha256_final(&c, out);
 }
