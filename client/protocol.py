@@ -19,6 +19,8 @@ NONCE_SIZE = 32
 MAC_SIZE = 32
 NO_CORE = 65535
 PROFILE_RECORDS = 65536  # records a session's profile holds
+HASH_SIZE = 32  # a SHA-256, the cache's content name
+CACHE_PINS = 4096  # cached contents a session keeps (Thave)
 
 # message types: a T-message is a request, its R-message (T+1) the reply
 RERROR = 1
@@ -26,20 +28,24 @@ THELLO, RHELLO, TAUTH, RAUTH, TPING, RPING, TSYNC, RSYNC = 2, 3, 4, 5, 6, 7, 8, 
 TALLOC, TFREE, TWRITE, TREAD, RREAD, TCOPY, TLOAD, TUNLOAD = 10, 12, 14, 16, 17, 18, 20, 22
 TLAUNCH, RLAUNCH, TGRAPH, TGRAPHRUN, RGRAPHRUN, TGRAPHFREE = 24, 25, 26, 28, 29, 30
 TCLOCK, RCLOCK, TPROFILE, RPROFILE = 32, 33, 34, 35
+THAVE, RHAVE, TWRITEHASH = 36, 37, 38  # CAP_CACHE
 
 FWAIT = 1  # hdr.flags on Tlaunch/Tgraphrun: wait and reply with the device time
+FCACHE = 2  # hdr.flags on Twrite (CAP_CACHE): the runner also keeps the data in its cache
 
 EPROTO, EVERSION, EAUTH, ESTATE, EHANDLE, EEXIST, ERANGE, EINVAL = 1, 2, 3, 4, 5, 6, 7, 8
 ENOMEM, ELIMIT, EKIND, EPROGRAM, EDEVICE, EMORE, ECRASH, ETIMEOUT = 9, 10, 11, 12, 13, 14, 15, 16
+ENOTCACHED, ECACHE = 17, 18
 ERRORS = {EPROTO: "EPROTO", EVERSION: "EVERSION", EAUTH: "EAUTH", ESTATE: "ESTATE", EHANDLE: "EHANDLE", EEXIST: "EEXIST",
           ERANGE: "ERANGE", EINVAL: "EINVAL", ENOMEM: "ENOMEM", ELIMIT: "ELIMIT", EKIND: "EKIND", EPROGRAM: "EPROGRAM",
-          EDEVICE: "EDEVICE", EMORE: "EMORE", ECRASH: "ECRASH", ETIMEOUT: "ETIMEOUT"}
+          EDEVICE: "EDEVICE", EMORE: "EMORE", ECRASH: "ECRASH", ETIMEOUT: "ETIMEOUT", ENOTCACHED: "ENOTCACHED", ECACHE: "ECACHE"}
 # after an Rerror with one of these codes the runner closes the connection
 FATAL_ERRORS = {EPROTO, EVERSION, EAUTH, ESTATE, ECRASH, ETIMEOUT}
 
 BACKEND_CPU, BACKEND_METAL = 1, 2
 BACKENDS = {BACKEND_CPU: "cpu", BACKEND_METAL: "metal"}
 CAP_AUTH, CAP_UNIFIED, CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, CAP_PROFILE = 1, 2, 4, 8, 16, 32
+CAP_CACHE = 64
 PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE = 1, 2, 3
 PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_METAL_SOURCE: CAP_METAL_SOURCE}
 ARCH_NONE, ARCH_X86_64, ARCH_ARM64, ARCH_RISCV64 = 0, 1, 2, 3
@@ -101,7 +107,9 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (TCLOCK, "Tclock", _SYNC),
   (RCLOCK, "Rclock", ("IQ", ("pad", "clock"))),
   (TPROFILE, "Tprofile", ("II", ("mode", "count"))),
-  (RPROFILE, "Rprofile", ("IIIII", ("count", "left", "lost", "cap", "pad")))]}
+  (RPROFILE, "Rprofile", ("IIIII", ("count", "left", "lost", "cap", "pad"))),
+  (THAVE, "Thave", _PING), (RHAVE, "Rhave", _PING),
+  (TWRITEHASH, "Twritehash", (_IO[0] + "32s", _IO[1] + ("hash",)))]}
 TYPE_NAMES = {t: m.name for t, m in MSGS.items()}
 
 # records inside frames: a launch (Tlaunch, Tgraph) with its buffer args and int64 values, a Tgraphrun patch
@@ -128,7 +136,8 @@ def unpack(buf) -> tuple[int, dict]:
 
 def payload_len(type:int, f:dict) -> int|None:
   """Bytes that must follow the fixed part, from its count fields; None for Tgraph (records are self-describing)."""
-  if type in (RERROR, TPING, RPING, RREAD, TWRITE): return f["count"]
+  if type in (RERROR, TPING, RPING, RREAD, TWRITE, RHAVE): return f["count"]
+  if type == THAVE: return HASH_SIZE * f["count"]
   if type == TLOAD: return f["namelen"] + f["datalen"]
   if type == TLAUNCH: return 16 * f["nbufs"] + 8 * f["nvals"]
   if type == TGRAPHRUN: return 24 * f["count"]

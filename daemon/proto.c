@@ -128,6 +128,14 @@ static const struct field f_rprofile[] = {
 	FI(proto_rprofile, lost, 20), FI(proto_rprofile, cap, 24)
 };
 
+static const struct field f_have[] = {
+	FI(proto_have, count, 12)
+};
+static const struct field f_twritehash[] = {
+	FI(proto_twritehash, handle, 12), FI(proto_twritehash, offset, 16),
+	FI(proto_twritehash, count, 24), FB(proto_twritehash, hash, 32)
+};
+
 /* Records inside a frame; offsets are from the start of the record. */
 static const struct field f_launch[] = {
 	FI(proto_launch, prog, 0), FI(proto_launch, nbufs, 4),
@@ -188,7 +196,10 @@ static const struct msgdef msgs[] = {
 	[PROTO_TCLOCK] = { "Tclock", 12, NULL, 0 },
 	[PROTO_RCLOCK] = M("Rclock", 24, f_rclock),
 	[PROTO_TPROFILE] = M("Tprofile", 20, f_tprofile),
-	[PROTO_RPROFILE] = M("Rprofile", 32, f_rprofile)
+	[PROTO_RPROFILE] = M("Rprofile", 32, f_rprofile),
+	[PROTO_THAVE] = M("Thave", 16, f_have),
+	[PROTO_RHAVE] = M("Rhave", 16, f_have),
+	[PROTO_TWRITEHASH] = M("Twritehash", 64, f_twritehash)
 };
 
 static const char *const errnames[] = {
@@ -199,7 +210,8 @@ static const char *const errnames[] = {
 	[PROTO_ENOMEM] = "ENOMEM",	[PROTO_ELIMIT] = "ELIMIT",
 	[PROTO_EKIND] = "EKIND",	[PROTO_EPROGRAM] = "EPROGRAM",
 	[PROTO_EDEVICE] = "EDEVICE",	[PROTO_EMORE] = "EMORE",
-	[PROTO_ECRASH] = "ECRASH",	[PROTO_ETIMEOUT] = "ETIMEOUT"
+	[PROTO_ECRASH] = "ECRASH",	[PROTO_ETIMEOUT] = "ETIMEOUT",
+	[PROTO_ENOTCACHED] = "ENOTCACHED", [PROTO_ECACHE] = "ECACHE"
 };
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -463,6 +475,17 @@ proto_check_size(const union proto_msg *m, char *err)
 			    "not its %" PRIu32 "-byte fixed part + 24 * count %"
 			    PRIu32, size, d->size, m->tgraphrun.count);
 		return 0;
+	case PROTO_THAVE:
+		if (!size_is(size, d->size,
+		    (uint64_t)PROTO_HASH_SIZE * m->have.count))
+			return fail(err, "Thave frame size %" PRIu32 " is not "
+			    "its %" PRIu32 "-byte fixed part + 32 * count %"
+			    PRIu32, size, d->size, m->have.count);
+		return 0;
+	case PROTO_RHAVE:
+		if (!size_is(size, d->size, m->have.count))
+			goto count;
+		return 0;
 	case PROTO_RPROFILE:
 		if (!size_is(size, d->size,
 		    (uint64_t)PROF_SIZE * m->rprofile.count))
@@ -484,7 +507,7 @@ proto_check_size(const union proto_msg *m, char *err)
 		return 0;
 	}
 count:
-	/* Rerror, Tping, Rping and Rread all keep their count at offset 12. */
+	/* Rerror, Tping, Rping, Rread and Rhave keep their count at 12. */
 	return fail(err, "%s frame size %" PRIu32 " is not its %" PRIu32
 	    "-byte fixed part + count %" PRIu32, d->name, size, d->size,
 	    m->ping.count);

@@ -41,6 +41,8 @@ union proto_msg {
 	struct proto_rclock rclock;		/* Tclock is a proto_sync */
 	struct proto_tprofile tprofile;
 	struct proto_rprofile rprofile;
+	struct proto_have have;			/* Thave and Rhave */
+	struct proto_twritehash twritehash;
 };
 
 /* Size of the fixed part (header included) of a message type, 0 if the

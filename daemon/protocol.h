@@ -35,6 +35,8 @@
 #define PROTO_MAC_SIZE 32
 #define PROTO_NO_CORE 65535		/* Tload.corearg: no core_id argument */
 #define PROTO_PROFILE_RECORDS 65536	/* records a session's profile holds */
+#define PROTO_HASH_SIZE 32		/* a SHA-256, the cache's content name */
+#define PROTO_CACHE_PINS 4096		/* cached contents a session keeps (Thave) */
 
 /* Message types: a T-message is a request, its R-message the reply (T+1). */
 enum proto_type {
@@ -55,12 +57,15 @@ enum proto_type {
 	PROTO_TGRAPHRUN = 28,	PROTO_RGRAPHRUN = 29,	/* reply only with FWAIT */
 	PROTO_TGRAPHFREE = 30,				/* no reply */
 	PROTO_TCLOCK = 32,	PROTO_RCLOCK = 33,
-	PROTO_TPROFILE = 34,	PROTO_RPROFILE = 35
+	PROTO_TPROFILE = 34,	PROTO_RPROFILE = 35,
+	PROTO_THAVE = 36,	PROTO_RHAVE = 37,	/* CAP_CACHE */
+	PROTO_TWRITEHASH = 38				/* CAP_CACHE, no reply */
 };
 
 /* hdr.flags */
 enum proto_flag {
-	PROTO_FWAIT = 1		/* Tlaunch, Tgraphrun: wait, reply with the device time */
+	PROTO_FWAIT = 1,	/* Tlaunch, Tgraphrun: wait, reply with the device time */
+	PROTO_FCACHE = 2	/* Twrite (CAP_CACHE): also keep the data in the cache */
 };
 
 /* Rerror.code */
@@ -80,7 +85,9 @@ enum proto_error {
 	PROTO_EDEVICE = 13,	/* the device failed to run a kernel or copy */
 	PROTO_EMORE = 14,	/* more errors occurred than were kept */
 	PROTO_ECRASH = 15,	/* a kernel crashed; the session ends */
-	PROTO_ETIMEOUT = 16	/* a kernel or the client exceeded a time limit */
+	PROTO_ETIMEOUT = 16,	/* a kernel or the client exceeded a time limit */
+	PROTO_ENOTCACHED = 17,	/* Twritehash: the session holds no such content */
+	PROTO_ECACHE = 18	/* cached content failed verification: dropped */
 };
 
 /* Rhello.backend */
@@ -96,7 +103,8 @@ enum proto_cap {
 	PROTO_CAP_CPU_IMAGE = 4,	/* accepts PROTO_PROG_CPU_IMAGE */
 	PROTO_CAP_METALLIB = 8,		/* accepts PROTO_PROG_METALLIB */
 	PROTO_CAP_METAL_SOURCE = 16,	/* accepts PROTO_PROG_METAL_SOURCE */
-	PROTO_CAP_PROFILE = 32		/* accepts Tclock and Tprofile */
+	PROTO_CAP_PROFILE = 32,		/* accepts Tclock and Tprofile */
+	PROTO_CAP_CACHE = 64		/* a content cache: Thave, Twritehash, FCACHE */
 };
 
 /* Tload.kind */
@@ -362,6 +370,22 @@ struct proto_rprofile {
 	uint32_t lost;
 	uint32_t cap;
 	uint32_t pad;
+};
+
+/* size[4] Thave tag[4] count[4] hash[32*count];
+ * size[4] Rhave tag[4] count[4] held[count] */
+struct proto_have {
+	struct proto_hdr h;
+	uint32_t count;
+};
+
+/* size[4] Twritehash tag[4] handle[4] offset[8] count[8] hash[32] */
+struct proto_twritehash {
+	struct proto_hdr h;
+	uint32_t handle;
+	uint64_t offset;
+	uint64_t count;
+	uint8_t hash[32];
 };
 
 /* One profile record: kind[2] entry[2] tag[4] handle[4] aux[4] start[8]

@@ -18,7 +18,7 @@ def py_layouts() -> dict:
   return out
 
 def test_every_struct_has_a_python_layout():
-  assert len(STRUCTS) == 28 and set(STRUCTS) == set(py_layouts())
+  assert len(STRUCTS) == 30 and set(STRUCTS) == set(py_layouts())
 
 @pytest.mark.parametrize("struct", STRUCTS)
 def test_struct_layout(struct):
@@ -34,14 +34,14 @@ def test_fixed_sizes_and_request_types():
     assert lib.proto_fixed_size(t) == (P.MSGS[t].size if t in P.MSGS else 0), t
     assert lib.proto_is_request(t) == P.is_request(t), t
   assert lib.proto_fixed_size(0xffffffff) == 0 and lib.proto_fixed_size(65536 + P.TLOAD) == 0
-  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34]
+  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38]
 
 def test_constants():
   ffi, lib = build()
-  assert len(DEFINES) == 12 and len(ENUMS) == 10
+  assert len(DEFINES) == 14 and len(ENUMS) == 10
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 12 + 27 + 1 + 16 + 2 + 6 + 3 + 4 + 4 + 2 + 5
+  assert len(names) == 14 + 30 + 2 + 18 + 2 + 7 + 3 + 4 + 4 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
@@ -100,6 +100,10 @@ VECTORS = [
   (P.RPROFILE, 0, 17, dict(count=2, left=0x01020304, lost=0xfffffffe, cap=P.PROFILE_RECORDS),
    P.PROF.pack(kind=P.PROF_GRAPH, entry=0xfffe, tag=0xdeadbeef, handle=7, aux=0x80000001, start=1 << 63, end=(1 << 64) - 1, count=0)
    + P.PROF.pack(kind=P.PROF_COPY, entry=0, tag=1, handle=2, aux=3, start=4, end=5, count=0x0102030405060708)),
+  (P.THAVE, 0, 18, dict(count=2), rb(64)),
+  (P.THAVE, 0, 18, dict(count=0), b""),
+  (P.RHAVE, 0, 18, dict(count=3), b"\1\0\1"),
+  (P.TWRITEHASH, 0, 19, dict(handle=0xfffffff3, offset=(1 << 63) + 9, count=0x0102030405060708, hash=rb(32)), b""),
 ]
 
 def test_vectors_cover_every_type():
