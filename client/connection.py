@@ -18,6 +18,9 @@ from . import protocol as P
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
+# With a runner that has a cache (CAP_CACHE), writes of CACHE_MIN bytes or more go by content: in CACHE_CHUNK pieces, each named by
+# its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
+CACHE_MIN = CACHE_CHUNK = 1 << 20
 AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
 
 class RunnerError(RuntimeError):
@@ -87,8 +90,10 @@ class Runner:
   """A session on one runner, at addr "host:port". connect_timeout bounds the TCP connect and the hello/auth exchange,
   timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token, if the runner asks
   for one (default: read from METAL_RUNNER_TOKEN_FILE). Handles are client-chosen: new_handle() gives one for any namespace."""
-  def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None):
+  def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None, cache:bool|None=None):
     self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
+    self.cache = os.environ.get("METAL_RUNNER_CACHE", "1") != "0" if cache is None else cache
+    self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends
     self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
     self._tag, self._handle, self._out, self._dead = 0, 0, bytearray(), None
     self._rbuf, self._rpos, self._rlen = bytearray(65536), 0, 0
@@ -180,11 +185,37 @@ class Runner:
     self._send(P.TCOPY, f"Tcopy dst={dst}+{dstoff} src={src}+{srcoff} count={count}", dst=dst, src=src, dstoff=dstoff, srcoff=srcoff, count=count)
 
   def write(self, h:int, offset:int, data):
-    """Copy data (bytes-like) into buffer h at offset, in frames of at most maxmsg bytes; large data is not copied."""
+    """Copy data (bytes-like) into buffer h at offset, in frames of at most maxmsg bytes; large data is not copied.
+    With a runner cache, large data goes by content (write_cached)."""
     mv, step = memoryview(data).cast("B"), self.maxmsg - P.MSGS[P.TWRITE].size
+    if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
     for i in range(0, max(len(mv), 1), step):
       c = mv[i:i+step]
       self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
+
+  def write_cached(self, h:int, offset:int, data, chunk:int=CACHE_CHUNK):
+    """Write data by content: each chunk the runner holds goes as a Twritehash, each other one as a Twrite that the runner also keeps
+    (FCACHE). One Thave round trip asks about the chunks this session has not seen held yet; none if it has seen them all."""
+    mv, chunk = memoryview(data).cast("B"), min(chunk, self.maxmsg - P.MSGS[P.TWRITE].size)
+    parts = [mv[i:i+chunk] for i in range(0, len(mv), chunk)]
+    digests = [hashlib.sha256(c).digest() for c in parts]
+    if (ask := [d for d in dict.fromkeys(digests) if d not in self._held]): self.have(ask)
+    for i, (c, d) in enumerate(zip(parts, digests)):
+      if d in self._held:
+        self._send(P.TWRITEHASH, ("Twritehash handle={} offset={} count={}", h, offset+i*chunk, len(c)), handle=h, offset=offset+i*chunk,
+                   count=len(c), hash=d)
+      else: self._send(P.TWRITE, ("Twrite handle={} offset={} count={}", h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h,
+                       offset=offset+i*chunk, count=len(c))
+
+  def have(self, digests:list[bytes]) -> list[bool]:
+    """Thave: which of these contents (SHA-256 digests) the runner holds. Those it holds stay available to this session."""
+    held, step = [], (self.maxmsg - P.MSGS[P.THAVE].size) // P.HASH_SIZE
+    for i in range(0, len(digests), step):
+      part = digests[i:i+step]
+      f = self._wait(self._send(P.THAVE, ("Thave count={}", len(part)), 0, [b"".join(part)], count=len(part)), P.RHAVE)
+      held += [b == 1 for b in f["data"]]
+    self._held.update(d for d, x in zip(digests, held) if x)
+    return held
 
   def read(self, h:int, offset:int, dest):
     """Fill dest (a writable bytes-like object) from buffer h at offset; waits. Large reads are split and pipelined."""

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache.h"
 #include "session.h"
 
 /* Host access to buffer contents must wait for launched work. */
@@ -110,24 +111,33 @@ sess_free(struct session *s, const struct proto_tfree *t)
 	return 0;
 }
 
+uint8_t *
+sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
+    uint64_t offset, uint64_t count)
+{
+	struct buffer *b = get_buffer(s, tag, handle);
+
+	if (b != NULL && !range_ok(b->size, offset, count))
+		sess_errorf(s, tag, PROTO_ERANGE, "write of %llu bytes at "
+		    "offset %llu is outside buffer %u of %llu bytes",
+		    (unsigned long long)count, (unsigned long long)offset,
+		    handle, (unsigned long long)b->size);
+	else if (b != NULL && settle(s, tag) == 0)
+		return (uint8_t *)s->be->contents(b->b) + offset;
+	return NULL;
+}
+
 /* Twrite: the data is still in the socket; it goes straight into the
- * buffer, or is discarded when the request fails. */
+ * buffer, or is discarded when the request fails. With FCACHE the cache
+ * keeps a copy too, named by the hash it computes (cachelink.c). */
 int
 sess_write(struct session *s, const struct proto_twrite *t)
 {
-	struct buffer *b = get_buffer(s, t->h.tag, t->handle);
 	struct be_span *span = NULL;
-	uint8_t *dst = NULL;
+	uint8_t *dst;
 	int rc;
 
-	if (b != NULL && !range_ok(b->size, t->offset, t->count))
-		sess_errorf(s, t->h.tag, PROTO_ERANGE, "write of %llu bytes at "
-		    "offset %llu is outside buffer %u of %llu bytes",
-		    (unsigned long long)t->count,
-		    (unsigned long long)t->offset, t->handle,
-		    (unsigned long long)b->size);
-	else if (b != NULL && settle(s, t->h.tag) == 0)
-		dst = (uint8_t *)s->be->contents(b->b) + t->offset;
+	dst = sess_write_dst(s, t->h.tag, t->handle, t->offset, t->count);
 	/* Profiling: the time the data took to arrive into the buffer. */
 	if (dst != NULL && (span = sess_prof_add(s, PROTO_PROF_WRITE,
 	    t->h.tag, t->handle, 0, 0, t->count)) != NULL)
@@ -135,6 +145,11 @@ sess_write(struct session *s, const struct proto_twrite *t)
 	rc = sess_take(s, dst, t->count) == -1 ? -2 : 0;
 	if (span != NULL)
 		span->end = sess_prof_now(s);
+	if (rc == 0 && dst != NULL && (t->h.flags & PROTO_FCACHE) &&
+	    s->cache != NULL && t->count > 0) {
+		cache_link_put(s->cache, dst, t->count);
+		s->cache_stored += t->count;
+	}
 	return rc;
 }
 

@@ -327,6 +327,15 @@ install_filter(char *err)
 #endif /* CONFINE_ARCH */
 
 int
+confine_user(const struct mr_config *cfg, char *err)
+{
+	if (cfg->user != NULL && run_name == NULL &&
+	    lookup_user(cfg->user, err) == -1)
+		return -1;
+	return cfg->user != NULL ? switch_user(err) : 0;
+}
+
+int
 confine_session(const struct mr_config *cfg, char *err)
 {
 #ifdef CONFINE_ARCH

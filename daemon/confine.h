@@ -14,6 +14,9 @@ extern char confine_sigsys_text[];
 /* At start: check --user and say how sessions are confined; -1 (with a
  * message on stderr) if the runner must not start. */
 int confine_init(const struct mr_config *cfg);
+/* Only the first half of that: the cache helper (cachelink.c) runs as the
+ * session's user, but unfiltered. */
+int confine_user(const struct mr_config *cfg, char *err);
 /* In a session process, before its first request: switch to --user's
  * account, then allow only the system calls a session makes. */
 int confine_session(const struct mr_config *cfg, char *err);

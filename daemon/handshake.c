@@ -120,7 +120,8 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.backend = info->backend;
 	/* Tclock and Tprofile are the session's, on every backend. */
 	r.rhello.caps = info->caps | PROTO_CAP_PROFILE |
-	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0);
+	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0) |
+	    (s->cache != NULL ? PROTO_CAP_CACHE : 0);
 	r.rhello.ncores = info->ncores;
 	r.rhello.memory = cfg->total_mem ? min64(cfg->total_mem, info->memory) :
 	    info->memory;

@@ -61,6 +61,11 @@ usage(FILE *f)
 "                          started as root; without it they run as root)\n"
 "      --no-confine        do not restrict the system calls of session\n"
 "                          processes (Linux: seccomp; for valgrind)\n"
+"      --cache-dir DIR     keep written data marked for it by clients (and\n"
+"                          what they then name by SHA-256) in DIR, shared\n"
+"                          by all sessions (default: no cache)\n"
+"      --cache-size BYTES  bound the cache on disk (default 4G); the least\n"
+"                          recently used content goes first\n"
 "      --advertise[=NAME]  announce the runner with DNS-SD as\n"
 "                          _metal-runner._tcp (default name: the host's);\n"
 "                          refused without --token-file beyond loopback\n"
@@ -200,7 +205,8 @@ main(int argc, char **argv)
 {
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
 	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
-	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE };
+	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
+	    O_CACHESIZE };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
@@ -223,6 +229,8 @@ main(int argc, char **argv)
 		{ "user", required_argument, NULL, O_USER },
 		{ "no-confine", no_argument, NULL, O_NOCONFINE },
 		{ "advertise", optional_argument, NULL, O_ADVERTISE },
+		{ "cache-dir", required_argument, NULL, O_CACHEDIR },
+		{ "cache-size", required_argument, NULL, O_CACHESIZE },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 }
@@ -335,6 +343,14 @@ main(int argc, char **argv)
 			break;
 		case O_ADVERTISE:
 			la.advertise = optarg != NULL ? optarg : "";
+			break;
+		case O_CACHEDIR:
+			cfg.cache_dir = optarg;
+			break;
+		case O_CACHESIZE:
+			if (parse_size(optarg, &cfg.cache_size) == -1 ||
+			    cfg.cache_size < 65536)
+				goto bad;
 			break;
 		case 'h':
 			usage(stdout);

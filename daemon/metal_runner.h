@@ -37,6 +37,8 @@ struct mr_config {
 					 * (a runner started as root), NULL: none */
 	int no_confine;			/* 1: no system call filter in session
 					 * processes (confine.c) */
+	const char *cache_dir;		/* the content cache (cache.c), NULL: none */
+	uint64_t cache_size;		/* bytes the cache may hold on disk */
 	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
 	size_t tokenlen;
 	/* Called once the socket listens, with the bound port. */

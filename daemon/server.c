@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "confine.h"
 #include "metal_runner.h"
 #include "proto.h"
@@ -84,6 +85,7 @@ mr_config_defaults(struct mr_config *cfg)
 	cfg->max_sessions = 64;
 	cfg->frame_timeout = 60;
 	cfg->handshake_timeout = 10;
+	cfg->cache_size = (uint64_t)4 << 30;
 }
 
 const struct backend *
@@ -212,6 +214,11 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	 * must still end this process with it. */
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
+	/* The cache helper (cachelink.c) must exist before the session is
+	 * confined; this process becomes it and the session goes on in a
+	 * child. Without one the session runs without the cache. */
+	if (cache_enabled() && cache_helper_start(ctx->cfg, fd, err) == -1)
+		log_warn("session %u: no cache for this session: %s", id, err);
 	sa.sa_handler = sess_crash_signal;
 	sigemptyset(&sa.sa_mask);
 	sa.sa_flags = SA_NODEFER | SA_RESETHAND;
@@ -304,6 +311,11 @@ serve(const struct mr_config *cfg)
 		return -1;
 	}
 	ctx.info = &info;
+	/* A cache that cannot work is no reason not to serve: said once
+	 * here, and CAP_CACHE is not offered. */
+	if (cfg->cache_dir != NULL && !cache_enabled() &&
+	    cache_open(cfg->cache_dir, cfg->cache_size, err) == -1)
+		log_warn("cache: %s; running without the cache", err);
 	/* By default a burst of as many clients as there may be sessions can
 	 * all be in their handshake, and a few more. */
 	max_startups = cfg->max_startups ? cfg->max_startups :

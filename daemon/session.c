@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "session.h"
 
 #define IN_MIN 65536		/* input buffer kept between frames */
@@ -380,7 +381,7 @@ answered(const struct proto_hdr *h)
 	switch (h->type) {
 	case PROTO_THELLO: case PROTO_TAUTH: case PROTO_TPING:
 	case PROTO_TSYNC: case PROTO_TREAD: case PROTO_TCLOCK:
-	case PROTO_TPROFILE:
+	case PROTO_TPROFILE: case PROTO_THAVE:
 		return 1;
 	case PROTO_TLAUNCH: case PROTO_TGRAPHRUN:
 		return (h->flags & PROTO_FWAIT) != 0;
@@ -453,6 +454,12 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	case PROTO_TPROFILE:
 		rc = sess_profile(s, &m->tprofile);
 		break;
+	case PROTO_THAVE:
+		rc = sess_have(s, &m->have, body);
+		break;
+	case PROTO_TWRITEHASH:
+		rc = sess_writehash(s, &m->twritehash);
+		break;
 	default:	/* proto_check_hdr admits only the types above */
 		return sess_fatal(s, m->h.tag, PROTO_EPROTO,
 		    "unexpected type") == -1 ? -2 : 0;
@@ -485,6 +492,7 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	if (ctx->cfg->handshake_timeout > 0)
 		s->hs_deadline = mono_ms() +
 		    (int64_t)ctx->cfg->handshake_timeout * 1000;
+	s->cache = cache_link_open();
 	if (sess_grow(&s->in, &s->incap, IN_MIN) == -1 ||
 	    (s->bs = s->be->session_open(s->err)) == NULL) {
 		log_warn("session %u: cannot start: %s", id, s->in ?
@@ -546,6 +554,10 @@ done:
 	    "%llu bytes out", id, (unsigned long long)s->nreq,
 	    (unsigned long long)s->nreply, (unsigned long long)s->bytes_in,
 	    (unsigned long long)s->bytes_out);
+	if (s->cache != NULL)
+		log_info("session %u: cache: %llu bytes written from it, %llu "
+		    "bytes given to it", id, (unsigned long long)s->cache_in,
+		    (unsigned long long)s->cache_stored);
 	log_info("session %u: closing, freeing %u buffers (%llu bytes), %u "
 	    "programs, %u graphs", id, s->bufs.count,
 	    (unsigned long long)s->mem, s->progs.count, s->graphs.count);
@@ -557,6 +569,7 @@ done:
 	if (s->bs != NULL)
 		s->be->session_close(s->bs);
 	sess_prof_free(s);
+	cache_link_close(s->cache);
 	mr_session_leave(slot);
 	close(fd);
 	free(s->in);

@@ -83,6 +83,8 @@ struct session {
 	size_t launchcap, argcap;
 
 	struct prof *prof;	/* profile.c: NULL unless the client profiles */
+	struct cache_link *cache;	/* cachelink.c: NULL without a cache */
+	uint64_t cache_in, cache_stored;	/* bytes from and into it */
 
 	char err[PROTO_ERRLEN];
 };
@@ -115,6 +117,10 @@ int sess_hello(struct session *s, const union proto_msg *m);
 int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
 
 /* buffers.c */
+/* Where count bytes at offset of buffer handle go, after launched work
+ * settled; NULL after queueing the request's error. */
+uint8_t *sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
+    uint64_t offset, uint64_t count);
 int sess_alloc(struct session *s, const struct proto_talloc *t);
 int sess_free(struct session *s, const struct proto_tfree *t);
 int sess_write(struct session *s, const struct proto_twrite *t);
@@ -137,6 +143,11 @@ int sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
     const uint8_t *frame);
 int sess_graphfree(struct session *s, const struct proto_tgraphfree *t);
 void sess_release_graph(void *v, void *arg);	/* htab_clear callback */
+
+/* cachereq.c */
+int sess_have(struct session *s, const struct proto_have *t,
+    const uint8_t *body);
+int sess_writehash(struct session *s, const struct proto_twritehash *t);
 
 /* profile.c */
 /* A record for work of request tag; returns where its times go, or NULL

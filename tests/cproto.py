@@ -17,12 +17,12 @@ def cdef_text(path:pathlib.Path) -> str:
   return "\n".join(l for l in path.read_text().splitlines() if not l.lstrip().startswith("#") or keep.match(l.lstrip()))
 
 _mods: dict[str, tuple] = {}
-def cffi_module(name:str, cdef:str, header:str, source:str, args=()) -> tuple:
-  """(ffi, lib) for one daemon C file built as cffi module name into tests/.build, compiled at most once per process."""
+def cffi_module(name:str, cdef:str, header:str, source:str|list[str], args=()) -> tuple:
+  """(ffi, lib) for daemon C file(s) built as cffi module name into tests/.build, compiled at most once per process."""
   if name not in _mods:
     ffi = cffi.FFI()
     ffi.cdef(cdef)
-    ffi.set_source(name, f'#include "{header}"', sources=[str(DAEMON / source)], include_dirs=[str(DAEMON)],
+    ffi.set_source(name, f'#include "{header}"', sources=[str(DAEMON / f) for f in ([source] if isinstance(source, str) else source)], include_dirs=[str(DAEMON)],
                    extra_compile_args=["-std=c11", *args, "-Wall", "-Wextra", "-Werror"])
     BUILD.mkdir(exist_ok=True)
     so = ffi.compile(tmpdir=str(BUILD), verbose=False)

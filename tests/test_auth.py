@@ -25,7 +25,7 @@ AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v
 def sha_lib():
   """(ffi, lib) for daemon/sha256.c; its prototypes are the "sha256.c" section of metal_runner.h."""
   cdef = (DAEMON / "metal_runner.h").read_text().split("/* sha256.c */", 1)[1].split("#endif", 1)[0]
-  return cffi_module("_sha256_cffi", cdef, "metal_runner.h", "sha256.c", ["-D_GNU_SOURCE"])
+  return cffi_module("_sha256_cffi", cdef, "metal_runner.h", ["sha256.c", "sha256_hw.c"], ["-D_GNU_SOURCE"])
 
 def c_sha256(msg:bytes) -> str:
   ffi, lib = sha_lib()

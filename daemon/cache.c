@@ -1,0 +1,542 @@
+/*
+ * cache.c: the content-addressed store behind --cache-dir (protocol.md,
+ * Cache).
+ *
+ * One file per content, named by the SHA-256 of the content in hex, which
+ * this code computes itself from the bytes it stores: a client never names
+ * what it sends. A file is a 48-byte header, "MRCACHE1" len[8] sha256[32],
+ * then the content. It is written to a temporary file in the same directory
+ * and renamed into place, so a reader sees a whole file or none, and two
+ * sessions (or two runners) storing the same content at once both succeed
+ * with identical files. Nothing is fsync'd: a file cut short by a crash or
+ * damaged on disk is caught when it is read, because every read hashes the
+ * content again before anything of it is used, and such a file is removed
+ * (only if the name still refers to the file that was read).
+ *
+ * A session keeps what Thave reported as held: it pins the file by holding
+ * it open (struct cache_pins), so eviction by any process, which only
+ * unlinks, cannot take it away before the session has used it.
+ *
+ * The directory is bounded by --cache-size: when the bytes this process
+ * believes are stored pass it, the oldest files by modification time (a
+ * pin or a read touches its file) are removed under an flock on
+ * DIR/.lock, which also serialises eviction between runner processes that
+ * share a directory. Files being stored by other processes at the same time
+ * can make the directory pass the bound until the next eviction.
+ *
+ * Who calls this: in a runner with process isolation, only the session's
+ * cache helper process (cachelink.c), never the confined session; with
+ * thread isolation, the session threads, under the locks below.
+ */
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache.h"
+#include "proto.h"
+
+#ifdef __APPLE__
+#define st_mtim st_mtimespec
+#endif
+
+#define HDR 48
+#define MAGIC "MRCACHE1"
+#define STALE_TMP 3600		/* s: a temporary file older is a leftover */
+
+static struct {
+	int dirfd;
+	uint64_t limit;
+	uint64_t approx;	/* bytes stored, as of the last scan + since */
+	char dir[1024];
+} C = { -1, 0, 0, "" };
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned tmp_counter;
+
+struct pin {
+	uint8_t hash[PROTO_HASH_SIZE];
+	int fd;
+	uint64_t len;
+};
+
+struct cache_pins {
+	struct pin *p;
+	size_t n, cap;
+};
+
+static void
+hexname(const uint8_t hash[PROTO_HASH_SIZE], char out[2 * PROTO_HASH_SIZE + 1])
+{
+	static const char hx[] = "0123456789abcdef";
+	int i;
+
+	for (i = 0; i < PROTO_HASH_SIZE; i++) {
+		out[2 * i] = hx[hash[i] >> 4];
+		out[2 * i + 1] = hx[hash[i] & 15];
+	}
+	out[2 * PROTO_HASH_SIZE] = '\0';
+}
+
+static int
+is_hexname(const char *s)
+{
+	int i;
+
+	for (i = 0; i < 2 * PROTO_HASH_SIZE; i++)
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return 0;
+	return s[i] == '\0';
+}
+
+static void
+put_u64(uint8_t *p, uint64_t v)
+{
+	int i;
+
+	for (i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t
+get_u64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	int i;
+
+	for (i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static int
+pread_all(int fd, void *buf, size_t n, off_t off)
+{
+	uint8_t *p = buf;
+	ssize_t r;
+
+	while (n > 0) {
+		if ((r = pread(fd, p, n, off)) <= 0) {
+			if (r == -1 && errno == EINTR)
+				continue;
+			if (r == 0)
+				errno = EIO;	/* shorter than its header says */
+			return -1;
+		}
+		p += r;
+		n -= (size_t)r;
+		off += r;
+	}
+	return 0;
+}
+
+static int
+write_all(int fd, const void *buf, size_t n)
+{
+	const uint8_t *p = buf;
+	ssize_t r;
+
+	while (n > 0) {
+		if ((r = write(fd, p, n)) == -1) {
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		p += r;
+		n -= (size_t)r;
+	}
+	return 0;
+}
+
+/* Remove the cache file name, but only if it is still the file fd reads:
+ * another process may have stored a good copy under it meanwhile. */
+static void
+drop(int fd, const char *name, const char *why)
+{
+	struct stat a, b;
+
+	if (fstat(fd, &a) == 0 && fstatat(C.dirfd, name, &b,
+	    AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+	    a.st_ino == b.st_ino && unlinkat(C.dirfd, name, 0) == 0)
+		log_warn("cache: %s/%s %s; removed it", C.dir, name, why);
+	else
+		log_warn("cache: %s/%s %s; not served", C.dir, name, why);
+}
+
+struct entry {
+	char name[2 * PROTO_HASH_SIZE + 1];
+	uint64_t size;
+	struct timespec mtime;
+};
+
+static int
+older(const void *a, const void *b)
+{
+	const struct entry *x = a, *y = b;
+
+	if (x->mtime.tv_sec != y->mtime.tv_sec)
+		return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+	if (x->mtime.tv_nsec != y->mtime.tv_nsec)
+		return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+/*
+ * Count what the directory holds and remove the least recently used files
+ * until it is within the limit; remove leftover temporary files. Under the
+ * lock of this process and the flock of every process.
+ */
+static void
+evict(void)
+{
+	struct entry *e = NULL, *ne;
+	struct dirent *d;
+	struct stat st;
+	DIR *dir = NULL;
+	size_t n = 0, cap = 0, i;
+	uint64_t total = 0;
+	time_t now = time(NULL);
+	int lockfd, dfd;
+
+	if ((lockfd = openat(C.dirfd, ".lock", O_RDWR | O_CREAT | O_CLOEXEC,
+	    0600)) == -1 || flock(lockfd, LOCK_EX) == -1) {
+		log_warn("cache: cannot lock %s/.lock: %s", C.dir,
+		    strerror(errno));
+		goto done;
+	}
+	if ((dfd = openat(C.dirfd, ".", O_RDONLY | O_DIRECTORY |
+	    O_CLOEXEC)) == -1 || (dir = fdopendir(dfd)) == NULL) {
+		log_warn("cache: cannot list %s: %s", C.dir, strerror(errno));
+		goto done;
+	}
+	while ((d = readdir(dir)) != NULL) {
+		if (fstatat(C.dirfd, d->d_name, &st, AT_SYMLINK_NOFOLLOW) ==
+		    -1 || !S_ISREG(st.st_mode))
+			continue;
+		if (strncmp(d->d_name, ".tmp.", 5) == 0 &&
+		    now - st.st_mtime > STALE_TMP) {
+			unlinkat(C.dirfd, d->d_name, 0);
+			continue;
+		}
+		if (!is_hexname(d->d_name))
+			continue;
+		if (n == cap) {
+			cap = cap ? 2 * cap : 256;
+			if ((ne = realloc(e, cap * sizeof(*e))) == NULL)
+				goto done;
+			e = ne;
+		}
+		memcpy(e[n].name, d->d_name, sizeof(e[n].name));
+		e[n].size = (uint64_t)st.st_size;
+		e[n].mtime = st.st_mtim;
+		total += e[n].size;
+		n++;
+	}
+	qsort(e, n, sizeof(*e), older);
+	for (i = 0; i < n && total > C.limit; i++)
+		if (unlinkat(C.dirfd, e[i].name, 0) == 0) {
+			total -= e[i].size;
+			log_debug("cache: evicted %s (%" PRIu64 " bytes)",
+			    e[i].name, e[i].size);
+		}
+	C.approx = total;
+done:
+	if (dir != NULL)
+		closedir(dir);
+	if (lockfd != -1)
+		close(lockfd);	/* and the flock with it */
+	free(e);
+}
+
+int
+cache_open(const char *dir, uint64_t limit, char *err)
+{
+	char probe[64];
+	int fd;
+
+	if (mkdir(dir, 0700) == -1 && errno != EEXIST) {
+		snprintf(err, PROTO_ERRLEN, "cannot create %s: %s", dir,
+		    strerror(errno));
+		return -1;
+	}
+	if ((C.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		snprintf(err, PROTO_ERRLEN, "cannot open %s: %s", dir,
+		    strerror(errno));
+		return -1;
+	}
+	/* Find out now, not at the first client's first write. */
+	snprintf(probe, sizeof(probe), ".tmp.probe.%ld", (long)getpid());
+	if ((fd = openat(C.dirfd, probe, O_WRONLY | O_CREAT | O_TRUNC |
+	    O_CLOEXEC, 0600)) == -1 || write_all(fd, MAGIC, 8) == -1) {
+		snprintf(err, PROTO_ERRLEN, "cannot write in %s: %s", dir,
+		    strerror(errno));
+		if (fd != -1) {
+			close(fd);
+			unlinkat(C.dirfd, probe, 0);
+		}
+		close(C.dirfd);
+		C.dirfd = -1;
+		return -1;
+	}
+	close(fd);
+	unlinkat(C.dirfd, probe, 0);
+	snprintf(C.dir, sizeof(C.dir), "%s", dir);
+	C.limit = limit;
+	pthread_mutex_lock(&cache_lock);
+	evict();
+	pthread_mutex_unlock(&cache_lock);
+	log_info("cache: %s, %" PRIu64 " of %" PRIu64 " bytes used; SHA-256 "
+	    "on %s", dir, C.approx, limit, sha256_impl());
+	return 0;
+}
+
+int
+cache_enabled(void)
+{
+	return C.dirfd != -1;
+}
+
+struct cache_pins *
+cache_pins_new(void)
+{
+	return calloc(1, sizeof(struct cache_pins));
+}
+
+void
+cache_pins_free(struct cache_pins *ps)
+{
+	size_t i;
+
+	if (ps == NULL)
+		return;
+	for (i = 0; i < ps->n; i++)
+		close(ps->p[i].fd);
+	free(ps->p);
+	free(ps);
+}
+
+static struct pin *
+find_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
+{
+	size_t i;
+
+	for (i = 0; i < ps->n; i++)
+		if (memcmp(ps->p[i].hash, hash, PROTO_HASH_SIZE) == 0)
+			return &ps->p[i];
+	return NULL;
+}
+
+static void
+unpin(struct cache_pins *ps, struct pin *p)
+{
+	close(p->fd);
+	*p = ps->p[--ps->n];
+}
+
+int
+cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
+{
+	char name[2 * PROTO_HASH_SIZE + 1];
+	uint8_t hdr[HDR];
+	struct stat st;
+	struct pin *np;
+	int fd;
+
+	if (C.dirfd == -1)
+		return 0;
+	if (find_pin(ps, hash) != NULL)
+		return 1;
+	if (ps->n >= PROTO_CACHE_PINS)
+		return 0;	/* the client sends the data instead */
+	hexname(hash, name);
+	if ((fd = openat(C.dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) ==
+	    -1) {
+		if (errno != ENOENT)
+			log_warn("cache: cannot open %s/%s: %s", C.dir, name,
+			    strerror(errno));
+		return 0;
+	}
+	/* The header must agree with the name and the file's length: a
+	 * file cut short is caught here, a damaged one when it is read. */
+	if (fstat(fd, &st) == -1 || !S_ISREG(st.st_mode) ||
+	    st.st_size < HDR || pread_all(fd, hdr, HDR, 0) == -1 ||
+	    memcmp(hdr, MAGIC, 8) != 0 ||
+	    get_u64(hdr + 8) != (uint64_t)st.st_size - HDR ||
+	    memcmp(hdr + 16, hash, PROTO_HASH_SIZE) != 0) {
+		drop(fd, name, "has a bad header or length (truncated?)");
+		close(fd);
+		return 0;
+	}
+	if (ps->n == ps->cap) {
+		size_t cap = ps->cap ? 2 * ps->cap : 64;
+		if ((np = realloc(ps->p, cap * sizeof(*np))) == NULL) {
+			close(fd);
+			return 0;
+		}
+		ps->p = np;
+		ps->cap = cap;
+	}
+	futimens(fd, NULL);	/* recently used: evicted last */
+	memcpy(ps->p[ps->n].hash, hash, PROTO_HASH_SIZE);
+	ps->p[ps->n].fd = fd;
+	ps->p[ps->n].len = get_u64(hdr + 8);
+	ps->n++;
+	return 1;
+}
+
+int
+cache_get(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE],
+    uint64_t len, uint8_t **out, char *err)
+{
+	char name[2 * PROTO_HASH_SIZE + 1];
+	uint8_t got[PROTO_HASH_SIZE], *buf;
+	struct pin *p;
+
+	*out = NULL;
+	hexname(hash, name);
+	if ((p = find_pin(ps, hash)) == NULL) {
+		snprintf(err, PROTO_ERRLEN, "the runner holds no content "
+		    "%.16s... for this session (Thave did not report it held)",
+		    name);
+		return CACHE_NOTHELD;
+	}
+	if (p->len != len) {
+		snprintf(err, PROTO_ERRLEN, "content %.16s... is %" PRIu64
+		    " bytes, not %" PRIu64, name, p->len, len);
+		return CACHE_BADLEN;
+	}
+	if ((buf = malloc(len ? len : 1)) == NULL) {
+		snprintf(err, PROTO_ERRLEN, "out of host memory");
+		return CACHE_BAD;
+	}
+	if (pread_all(p->fd, buf, len, HDR) == -1) {
+		snprintf(err, PROTO_ERRLEN, "cannot read cached content "
+		    "%.16s...: %s; dropped", name, strerror(errno));
+		goto bad;
+	}
+	/* Never serve what does not hash to its name. */
+	sha256(buf, len, got);
+	if (memcmp(got, hash, PROTO_HASH_SIZE) != 0) {
+		snprintf(err, PROTO_ERRLEN, "cached content %.16s... is "
+		    "corrupt (its SHA-256 does not match); dropped", name);
+		goto bad;
+	}
+	futimens(p->fd, NULL);
+	*out = buf;
+	return 0;
+bad:
+	drop(p->fd, name, "failed verification");
+	unpin(ps, p);
+	free(buf);
+	return CACHE_BAD;
+}
+
+struct cache_put {
+	int fd;
+	char tmp[64];
+	struct sha256_ctx c;
+	uint64_t len, got;
+	int failed;
+};
+
+struct cache_put *
+cache_put_begin(uint64_t len)
+{
+	static const uint8_t zero[HDR];
+	struct cache_put *pp;
+
+	if (C.dirfd == -1)
+		return NULL;
+	if (len + HDR > C.limit) {
+		log_info("cache: not storing %" PRIu64 " bytes: more than "
+		    "--cache-size %" PRIu64, len, C.limit);
+		return NULL;
+	}
+	if ((pp = calloc(1, sizeof(*pp))) == NULL)
+		return NULL;
+	pthread_mutex_lock(&cache_lock);
+	snprintf(pp->tmp, sizeof(pp->tmp), ".tmp.%ld.%u", (long)getpid(),
+	    tmp_counter++);
+	pthread_mutex_unlock(&cache_lock);
+	pp->len = len;
+	sha256_init(&pp->c);
+	/* The header is written last, once the hash is known. */
+	if ((pp->fd = openat(C.dirfd, pp->tmp, O_WRONLY | O_CREAT | O_EXCL |
+	    O_CLOEXEC, 0600)) == -1 || write_all(pp->fd, zero, HDR) == -1) {
+		log_warn("cache: cannot store in %s: %s; going on without "
+		    "caching this", C.dir, strerror(errno));
+		pp->failed = 1;
+	}
+	return pp;
+}
+
+void
+cache_put_data(struct cache_put *pp, const void *p, size_t n)
+{
+	sha256_update(&pp->c, p, n);
+	pp->got += n;
+	if (!pp->failed && write_all(pp->fd, p, n) == -1) {
+		log_warn("cache: cannot store %" PRIu64 " bytes in %s: %s; "
+		    "going on without caching them", pp->len, C.dir,
+		    strerror(errno));
+		pp->failed = 1;
+	}
+}
+
+int
+cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
+{
+	char name[2 * PROTO_HASH_SIZE + 1];
+	uint8_t hdr[HDR];
+	int rc = -1;
+
+	sha256_final(&pp->c, hash);
+	if (pp->got != pp->len)
+		pp->failed = 1;
+	if (!pp->failed) {
+		memcpy(hdr, MAGIC, 8);
+		put_u64(hdr + 8, pp->len);
+		memcpy(hdr + 16, hash, PROTO_HASH_SIZE);
+		hexname(hash, name);
+		if (pwrite(pp->fd, hdr, HDR, 0) != HDR ||
+		    renameat(C.dirfd, pp->tmp, C.dirfd, name) == -1)
+			log_warn("cache: cannot store %s in %s: %s", name, C.dir,
+			    strerror(errno));
+		else
+			rc = 0;
+	}
+	if (pp->fd != -1)
+		close(pp->fd);
+	if (rc == -1 && pp->fd != -1)
+		unlinkat(C.dirfd, pp->tmp, 0);
+	if (rc == 0) {
+		pthread_mutex_lock(&cache_lock);
+		C.approx += pp->len + HDR;
+		if (C.approx > C.limit)
+			evict();
+		pthread_mutex_unlock(&cache_lock);
+	}
+	free(pp);
+	return rc;
+}
+
+int
+cache_put(const void *p, uint64_t len)
+{
+	uint8_t hash[PROTO_HASH_SIZE];
+	struct cache_put *pp;
+
+	if ((pp = cache_put_begin(len)) == NULL)
+		return -1;
+	cache_put_data(pp, p, (size_t)len);
+	return cache_put_end(pp, hash);
+}

@@ -1,0 +1,64 @@
+/*
+ * cachereq.c: a session's cache requests: Thave and Twritehash.
+ *
+ * Thave tells the client which contents the runner holds, and pins them
+ * for the session (cache.c), so a Twritehash the client then sends without
+ * waiting cannot find its content gone. The content itself is always
+ * verified against its hash before it reaches a buffer (cache.c). Twrite
+ * with FCACHE, which fills the cache, is in buffers.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "session.h"
+
+int
+sess_have(struct session *s, const struct proto_have *t, const uint8_t *body)
+{
+	union proto_msg r;
+	uint8_t *held;
+	int rc;
+
+	/* The frame is here whole, so count is bounded by maxmsg / 32. */
+	if ((held = calloc(1, t->count ? t->count : 1)) == NULL) {
+		sess_errorf(s, t->h.tag, PROTO_ENOMEM, "out of host memory");
+		return sess_fail_reply(s);
+	}
+	/* A runner without a cache holds nothing. */
+	if (s->cache != NULL)
+		cache_link_have(s->cache, body, t->count, held);
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RHAVE;
+	r.h.tag = t->h.tag;
+	r.have.count = t->count;
+	rc = sess_reply(s, &r, held, t->count);
+	free(held);
+	return rc;
+}
+
+int
+sess_writehash(struct session *s, const struct proto_twritehash *t)
+{
+	uint8_t *dst;
+	int rc;
+
+	if ((dst = sess_write_dst(s, t->h.tag, t->handle, t->offset,
+	    t->count)) == NULL)
+		return -1;
+	if (s->cache == NULL)
+		return sess_errorf(s, t->h.tag, PROTO_ENOTCACHED, "this runner "
+		    "has no cache");
+	switch ((rc = cache_link_get(s->cache, t->hash, t->count, dst,
+	    s->err))) {
+	case 0:
+		s->cache_in += t->count;
+		return 0;
+	case CACHE_NOTHELD:
+		return sess_errorf(s, t->h.tag, PROTO_ENOTCACHED, "%s", s->err);
+	case CACHE_BADLEN:
+		return sess_errorf(s, t->h.tag, PROTO_EINVAL, "%s", s->err);
+	default:
+		return sess_errorf(s, t->h.tag, PROTO_ECACHE, "%s", s->err);
+	}
+}
