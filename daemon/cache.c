@@ -17,18 +17,19 @@
  * it open (struct cache_pins), so eviction by any process, which only
  * unlinks, cannot take it away before the session has used it.
  *
- * The directory is bounded by --cache-size: when the bytes this process
- * believes are stored pass it, the oldest files by modification time (a
+ * The directory is bounded by --cache-size: when the bytes this runner
+ * (all its processes, through a shared count) believes are stored pass it, the oldest files by modification time (a
  * pin or a read touches its file) are removed under an flock on
- * DIR/.lock, which also serialises eviction between runner processes that
- * share a directory. Files being stored by other processes at the same time
- * can make the directory pass the bound until the next eviction.
+ * DIR/.lock, which also serialises eviction between runners that share a
+ * directory. Each runner counts only its own stores between scans, so two
+ * runners sharing one directory can pass the bound until the next scan.
  *
  * Who calls this: in a runner with process isolation, only the session's
  * cache helper process (cachelink.c), never the confined session; with
  * thread isolation, the session threads, under the locks below.
  */
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -37,6 +38,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,9 +59,12 @@
 static struct {
 	int dirfd;
 	uint64_t limit;
-	uint64_t approx;	/* bytes stored, as of the last scan + since */
+	/* Bytes stored, as of the last scan plus those stored since, by any
+	 * process of this runner: shared memory mapped before the first
+	 * fork, so every session's helper adds to the same count. */
+	_Atomic uint64_t *approx;
 	char dir[1024];
-} C = { -1, 0, 0, "" };
+} C = { -1, 0, NULL, "" };
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned tmp_counter;
 
@@ -248,7 +253,7 @@ evict(void)
 			log_debug("cache: evicted %s (%" PRIu64 " bytes)",
 			    e[i].name, e[i].size);
 		}
-	C.approx = total;
+	atomic_store(C.approx, total);
 done:
 	if (dir != NULL)
 		closedir(dir);
@@ -289,13 +294,21 @@ cache_open(const char *dir, uint64_t limit, char *err)
 	}
 	close(fd);
 	unlinkat(C.dirfd, probe, 0);
+	if ((C.approx = mmap(NULL, sizeof(*C.approx), PROT_READ | PROT_WRITE,
+	    MAP_SHARED | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED) {
+		snprintf(err, PROTO_ERRLEN, "mmap: %s", strerror(errno));
+		C.approx = NULL;
+		close(C.dirfd);
+		C.dirfd = -1;
+		return -1;
+	}
 	snprintf(C.dir, sizeof(C.dir), "%s", dir);
 	C.limit = limit;
 	pthread_mutex_lock(&cache_lock);
 	evict();
 	pthread_mutex_unlock(&cache_lock);
 	log_info("cache: %s, %" PRIu64 " of %" PRIu64 " bytes used; SHA-256 "
-	    "on %s", dir, C.approx, limit, sha256_impl());
+	    "on %s", dir, (uint64_t)atomic_load(C.approx), limit, sha256_impl());
 	return 0;
 }
 
@@ -518,11 +531,10 @@ cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
 		close(pp->fd);
 	if (rc == -1 && pp->fd != -1)
 		unlinkat(C.dirfd, pp->tmp, 0);
-	if (rc == 0) {
+	if (rc == 0 && atomic_fetch_add(C.approx, pp->len + HDR) + pp->len +
+	    HDR > C.limit) {
 		pthread_mutex_lock(&cache_lock);
-		C.approx += pp->len + HDR;
-		if (C.approx > C.limit)
-			evict();
+		evict();
 		pthread_mutex_unlock(&cache_lock);
 	}
 	free(pp);

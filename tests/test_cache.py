@@ -1,0 +1,241 @@
+"""The content cache (--cache-dir, protocol.md "Cache"): a second session writing the same data sends almost nothing and reads
+back the same bytes; and every bad-input class: a hash-write for content the session was not told is held, a length that
+is not the content's, content whose file does not hash to its name (forged or damaged), a truncated file, a directory that
+cannot be written or is full, sessions storing the same content at once. Runners here are the CPU backend on loopback."""
+import hashlib, os, pathlib, struct, threading, time
+import pytest
+from runner_proc import RunnerProc
+from client.connection import Runner, RunnerError
+import client.protocol as P
+
+MB = 1 << 20
+
+def cache_runner(tmp_path, *args, size="1G"):
+  return RunnerProc("-v", "--cache-dir", str(tmp_path / "cache"), "--cache-size", size, *args)
+
+def files(d:pathlib.Path): return sorted(p for p in d.iterdir() if not p.name.startswith("."))
+
+def until(cond, timeout=5.0):
+  """The runner stores content after the write that carried it, while the session goes on: wait for what it does."""
+  deadline = time.monotonic() + timeout
+  while not cond() and time.monotonic() < deadline: time.sleep(0.02)
+  return cond()
+
+def roundtrip(addr:str, data:bytes, **kw) -> tuple[bytes, dict]:
+  with Runner(addr, **kw) as rn:
+    rn.alloc(h := rn.new_handle(), len(data))
+    rn.write(h, 0, data)
+    out = bytearray(len(data))
+    rn.read(h, 0, out)
+    return bytes(out), rn.stats()
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_second_session_sends_under_1mib(tmp_path, iso):
+  data = os.urandom(64 * MB)
+  r = cache_runner(tmp_path, "--isolation", iso)
+  try:
+    out1, s1 = roundtrip(r.addr, data)
+    out2, s2 = roundtrip(r.addr, data)
+    assert out1 == data and out2 == data
+    assert s1["bytes_sent"] > 64 * MB and s2["bytes_sent"] < MB, (s1, s2)
+    assert until(lambda: len(files(tmp_path / "cache")) == 64)   # 1 MiB chunks, each its own file named by its SHA-256
+    for f in files(tmp_path / "cache"):
+      body = f.read_bytes()
+      assert body[:8] == b"MRCACHE1" and hashlib.sha256(body[48:]).hexdigest() == f.name == body[16:48].hex()
+    log = r.log_text()
+    assert f"cache: {64 * MB} bytes written from it" in log and f"{64 * MB} bytes given to it" in log
+  finally: r.stop()
+
+def test_known_content_costs_no_round_trip(tmp_path):
+  # a session that was told content is held writes it again by hash with no further Thave
+  data = os.urandom(4 * MB)
+  r = cache_runner(tmp_path)
+  try:
+    roundtrip(r.addr, data)
+    with Runner(r.addr) as rn:
+      rn.alloc(h := rn.new_handle(), 2 * len(data))
+      rn.write(h, 0, data)
+      rt, sent = rn.stats()["round_trips"], rn.stats()["bytes_sent"]
+      rn.write(h, len(data), data)
+      assert rn.stats()["round_trips"] == rt and rn.stats()["bytes_sent"] - sent < 1024
+      out = bytearray(2 * len(data))
+      rn.read(h, 0, out)
+      assert out == data + data
+  finally: r.stop()
+
+def test_cache_is_off_by_default_and_without_cap_client_writes_plainly(daemon_bin):
+  r = RunnerProc()
+  try:
+    data = os.urandom(2 * MB)
+    out, st = roundtrip(r.addr, data)
+    assert out == data and st["bytes_sent"] > 2 * MB
+    with Runner(r.addr) as rn:
+      assert not rn.info.caps & P.CAP_CACHE
+      assert rn.have([hashlib.sha256(data).digest()]) == [False]   # a runner without a cache holds nothing
+  finally: r.stop()
+
+def test_hashwrite_of_content_not_held(tmp_path):
+  r = cache_runner(tmp_path)
+  try:
+    with Runner(r.addr) as rn:
+      rn.alloc(h := rn.new_handle(), 4096)
+      rn.write(h, 0, b"\x07" * 4096)
+      # a hash never stored, and one stored but never reported held to this session: both refused, the buffer unchanged
+      d = hashlib.sha256(b"never stored").digest()
+      rn._send(P.TWRITEHASH, "Twritehash", handle=h, offset=0, count=12, hash=d)
+      with pytest.raises(RunnerError) as e: rn.sync()
+      assert e.value.code == P.ENOTCACHED and "Thave" in e.value.text
+      assert rn.have([d]) == [False]
+      out = bytearray(4096)
+      rn.read(h, 0, out)
+      assert out == b"\x07" * 4096
+  finally: r.stop()
+
+def test_hash_is_the_runners_not_the_clients(tmp_path):
+  # content is named by the hash the runner computes over what it received: nothing a client says can file bytes under
+  # another content's name. Store X, then claim X's bytes are Y's: Y is not held, and a Twritehash naming Y fails.
+  r = cache_runner(tmp_path)
+  x, y = os.urandom(MB), os.urandom(MB)
+  try:
+    roundtrip(r.addr, x)
+    with Runner(r.addr) as rn:
+      assert rn.have([hashlib.sha256(x).digest(), hashlib.sha256(y).digest()]) == [True, False]
+      rn.alloc(h := rn.new_handle(), MB)
+      rn._send(P.TWRITEHASH, "Twritehash", handle=h, offset=0, count=MB, hash=hashlib.sha256(y).digest())
+      with pytest.raises(RunnerError) as e: rn.sync()
+      assert e.value.code == P.ENOTCACHED
+      # the right hash with the wrong length
+      rn._send(P.TWRITEHASH, "Twritehash", handle=h, offset=0, count=MB - 1, hash=hashlib.sha256(x).digest())
+      with pytest.raises(RunnerError) as e: rn.sync()
+      assert e.value.code == P.EINVAL and f"is {MB} bytes" in e.value.text
+      # out of the buffer: checked before the cache is asked
+      rn._send(P.TWRITEHASH, "Twritehash", handle=h, offset=1, count=MB, hash=hashlib.sha256(x).digest())
+      with pytest.raises(RunnerError) as e: rn.sync()
+      assert e.value.code == P.ERANGE
+    assert [f.name for f in files(tmp_path / "cache")] == [hashlib.sha256(x).hexdigest()]
+  finally: r.stop()
+
+def forge(path:pathlib.Path, name_of:bytes, body:bytes, length:int|None=None):
+  """A cache file named and headed as content name_of, holding body."""
+  d = hashlib.sha256(name_of).digest()
+  (path / d.hex()).write_bytes(b"MRCACHE1" + struct.pack("<Q", len(body) if length is None else length) + d + body)
+  return d
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_corrupt_file_is_dropped_not_served(tmp_path, iso):
+  r = cache_runner(tmp_path, "--isolation", iso)
+  try:
+    good = os.urandom(MB)
+    d = forge(tmp_path / "cache", good, os.urandom(MB))   # the header says good's hash, the bytes are others
+    with Runner(r.addr) as rn:
+      rn.alloc(h := rn.new_handle(), MB)
+      rn.write(h, 0, b"\0" * MB)
+      assert rn.have([d]) == [True]   # the header is fine; the bytes are checked when they are used
+      rn._send(P.TWRITEHASH, "Twritehash", handle=h, offset=0, count=MB, hash=d)
+      with pytest.raises(RunnerError) as e: rn.sync()
+      assert e.value.code == P.ECACHE and "corrupt" in e.value.text
+      out = bytearray(MB)
+      rn.read(h, 0, out)
+      assert out == b"\0" * MB   # nothing of it reached the buffer
+      assert rn.have([d]) == [False]
+    assert not (tmp_path / "cache" / d.hex()).exists()
+    assert "failed verification; removed it" in r.log_text()
+    # the client's own write path recovers: the content is sent and stored again, correctly
+    out, _ = roundtrip(r.addr, good)
+    assert out == good and until((f := tmp_path / "cache" / d.hex()).exists) and f.read_bytes()[48:] == good
+  finally: r.stop()
+
+def test_truncated_file_is_dropped(tmp_path):
+  r = cache_runner(tmp_path)
+  try:
+    data = os.urandom(MB)
+    d = forge(tmp_path / "cache", data, data[:1000], length=MB)   # cut short: its header says 1 MiB
+    out, st = roundtrip(r.addr, data)
+    assert out == data and st["bytes_sent"] > MB   # not held: sent whole, and stored again
+    assert until((tmp_path / "cache" / d.hex()).exists)   # renamed into place whole
+    assert (tmp_path / "cache" / d.hex()).read_bytes()[48:] == data
+    assert "bad header or length (truncated?); removed it" in r.log_text()
+  finally: r.stop()
+
+def test_unwritable_cache_dir_runs_without_cache(tmp_path):
+  (tmp_path / "file").write_text("not a directory")
+  r = RunnerProc("-v", "--cache-dir", str(tmp_path / "file" / "cache"))
+  try:
+    data = os.urandom(2 * MB)
+    out, st = roundtrip(r.addr, data)
+    assert out == data and st["bytes_sent"] > 2 * MB
+    with Runner(r.addr) as rn: assert not rn.info.caps & P.CAP_CACHE
+    assert "running without the cache" in r.log_text()
+  finally: r.stop()
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--user needs a runner started as root")
+def test_cache_dir_unwritable_for_sessions_keeps_serving(tmp_path):
+  # the runner (root) can write the directory, its sessions (--user nobody) cannot: writes succeed, nothing is stored
+  (tmp_path / "cache").mkdir(mode=0o700)
+  r = cache_runner(tmp_path, "--user", "nobody")
+  try:
+    data = os.urandom(2 * MB)
+    for _ in range(2):
+      out, st = roundtrip(r.addr, data)
+      assert out == data and st["bytes_sent"] > 2 * MB
+    assert files(tmp_path / "cache") == []
+    assert "going on without caching" in r.log_text()
+  finally: r.stop()
+
+def test_full_cache_evicts_least_recently_used(tmp_path):
+  r = cache_runner(tmp_path, size="3M")
+  try:
+    chunks = [os.urandom(MB) for _ in range(4)]
+    for c in chunks:
+      roundtrip(r.addr, c)
+      assert until(lambda: hashlib.sha256(c).hexdigest() in {f.name for f in files(tmp_path / "cache")})
+    assert until(lambda: sum(f.stat().st_size for f in files(tmp_path / "cache")) <= 3 * MB)
+    names = {f.name for f in files(tmp_path / "cache")}
+    assert hashlib.sha256(chunks[0]).hexdigest() not in names and hashlib.sha256(chunks[3]).hexdigest() in names
+    # content larger than the whole cache is not stored; the write itself is fine
+    big = os.urandom(4 * MB)
+    with Runner(r.addr) as rn:
+      rn.alloc(h := rn.new_handle(), len(big))
+      rn._send(P.TWRITE, "Twrite", P.FCACHE, [big], handle=h, offset=0, count=len(big))
+      out = bytearray(len(big))
+      rn.read(h, 0, out)
+    assert out == big and "more than --cache-size" in r.log_text()
+  finally: r.stop()
+
+def test_pinned_content_survives_eviction(tmp_path):
+  # Thave pins: content reported held stays usable for that session even when other sessions' stores evict its file
+  r = cache_runner(tmp_path, size="2M")
+  try:
+    a = os.urandom(MB)
+    roundtrip(r.addr, a)
+    with Runner(r.addr) as rn:
+      assert rn.have([hashlib.sha256(a).digest()]) == [True]
+      for _ in range(3): roundtrip(r.addr, os.urandom(MB))   # evicts a's file
+      assert until(lambda: not (tmp_path / "cache" / hashlib.sha256(a).hexdigest()).exists())
+      rn.alloc(h := rn.new_handle(), MB)
+      rn.write(h, 0, a)   # by hash: no round trip, served from the pinned file
+      out = bytearray(MB)
+      rn.read(h, 0, out)
+      assert out == a and rn.stats()["bytes_sent"] < 4096
+  finally: r.stop()
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_concurrent_sessions_store_the_same_content(tmp_path, iso):
+  data = os.urandom(8 * MB)
+  r = cache_runner(tmp_path, "--isolation", iso)
+  try:
+    results, errors = [], []
+    def one():
+      try: results.append(roundtrip(r.addr, data)[0] == data)
+      except Exception as e: errors.append(e)
+    ts = [threading.Thread(target=one) for _ in range(4)]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    assert not errors and results == [True] * 4
+    assert until(lambda: len(files(tmp_path / "cache")) == 8)
+    fs = files(tmp_path / "cache")
+    assert all(hashlib.sha256(f.read_bytes()[48:]).hexdigest() == f.name for f in fs)
+    assert until(lambda: not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")])
+    out, st = roundtrip(r.addr, data)
+    assert out == data and st["bytes_sent"] < MB
+  finally: r.stop()
