@@ -116,6 +116,9 @@ struct be_session {
 	struct be_span *ospan;
 	struct be_span *fspan[MTL_INFLIGHT];
 	char err[BE_ERR_MAX];		/* first failure of a committed buffer */
+	/* Loads that compiled a pipeline, and loads the cache answered: the
+	 * log shows that a second session of a model compiles nothing. */
+	unsigned compiled, reused;
 };
 
 static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
@@ -649,6 +652,9 @@ mtl_session_open(char *err)
 static void
 mtl_session_close(struct be_session *s)
 {
+	if (s->compiled + s->reused > 0)
+		log_info("metal: a session compiled %u programs and took %u from "
+		    "the pipeline cache", s->compiled, s->reused);
 	@autoreleasepool {
 		mtl_drain(s);
 		[s->queue release];
@@ -802,7 +808,8 @@ mtl_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 /* ---- programs ---- */
 
 static struct be_program *
-mtl_load_body(const struct be_program_desc *d, char *err, char **longerr)
+mtl_load_body(const struct be_program_desc *d, char *err, char **longerr,
+    unsigned *compiled)
 {
 	struct be_program *prog = NULL;
 	struct mtl_pipe *p, *q, *fresh = NULL;
@@ -856,6 +863,7 @@ mtl_load_body(const struct be_program_desc *d, char *err, char **longerr)
 		/* Compile outside the lock; other sessions keep running. */
 		if ((pipe = mtl_compile(d, err, longerr)) == nil)
 			goto fail;
+		(*compiled)++;
 		fresh->maxthreads = [pipe maxTotalThreadsPerThreadgroup];
 		pthread_mutex_lock(&mtl_lock);
 		if ((q = mtl_cache_find(digest)) != NULL) {
@@ -896,9 +904,14 @@ mtl_load(struct be_session *s, const struct be_program_desc *d, char *err,
 {
 	struct be_program *prog;
 
-	(void)s;
 	@autoreleasepool {
-		prog = mtl_load_body(d, err, longerr);
+		unsigned compiled = 0;
+
+		prog = mtl_load_body(d, err, longerr, &compiled);
+		if (prog != NULL && compiled)
+			s->compiled++;
+		else if (prog != NULL)
+			s->reused++;
 	}
 	return prog;
 }

@@ -2,7 +2,7 @@
 back the same bytes; and every bad-input class: a hash-write for content the session was not told is held, a length that
 is not the content's, content whose file does not hash to its name (forged or damaged), a truncated file, a directory that
 cannot be written or is full, sessions storing the same content at once. Runners here are the CPU backend on loopback."""
-import hashlib, os, pathlib, struct, threading, time
+import hashlib, os, pathlib, re, struct, threading, time
 import pytest
 from runner_proc import RunnerProc
 from client.connection import Runner, RunnerError
@@ -238,4 +238,37 @@ def test_concurrent_sessions_store_the_same_content(tmp_path, iso):
     assert until(lambda: not [p for p in (tmp_path / "cache").iterdir() if p.name.startswith(".tmp")])
     out, st = roundtrip(r.addr, data)
     assert out == data and st["bytes_sent"] < MB
+  finally: r.stop()
+
+# *** programs: a second client running the same model compiles nothing on a Metal runner, and uploads no weights ***
+
+MODEL = """
+import os, json, numpy as np
+import client.remote_metal
+from tinygrad import Tensor, Device
+rng = np.random.default_rng(0)
+w1, w2 = rng.normal(size=(1024, 512)).astype(np.float32), rng.normal(size=(512, 10)).astype(np.float32)   # 2 MiB + 20 KiB
+x = Tensor(rng.normal(size=(4, 1024)).astype(np.float32), device="METAL")
+out = (x @ Tensor(w1, device="METAL")).relu() @ Tensor(w2, device="METAL")
+print(json.dumps({"out": out.numpy().tolist(), **Device["METAL"].runner.stats()}))
+"""
+
+@pytest.mark.metal
+def test_second_session_compiles_no_program_metal(tmp_path):
+  # Metal runners keep compiled pipelines in memory across sessions (one process, thread isolation); -v logs each session's
+  # count. On Linux this is the Metal emulator (a test harness): the count is of its compilations, not of Apple's compiler.
+  import json
+  from conftest import metal_runner_proc, needs_own_metal_runner, run_python
+  needs_own_metal_runner()
+  r = metal_runner_proc("-v", "--cache-dir", str(tmp_path / "cache"))
+  try:
+    runs = []
+    for _ in range(2):
+      p = run_python(MODEL, env={"METAL_RUNNER": r.addr})
+      assert p.returncode == 0, p.stderr
+      runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert runs[0]["out"] == runs[1]["out"]
+    counts = [tuple(map(int, m)) for m in re.findall(r"a session compiled (\d+) programs and took (\d+) from", r.log_text())]
+    assert len(counts) == 2 and counts[0][0] > 0 and counts[1] == (0, sum(counts[0])), counts
+    assert runs[0]["bytes_sent"] > 2 * MB and runs[1]["bytes_sent"] < runs[0]["bytes_sent"] - 2 * MB + 64 * 1024
   finally: r.stop()
