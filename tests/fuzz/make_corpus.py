@@ -113,6 +113,10 @@ def sessions() -> dict[str, bytes]:
     "hello_twice": S().req(P.THELLO, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG).bytes(),
     "reply_type_sent": S().req(P.RPING, count=0).bytes(),
     "bad_size": S().ping().bytes() + P.pack(P.TALLOC, 50, size=25, handle=1, bufsize=8) + bytes(1),
+    "cache": S().alloc(1, 64).req(P.TWRITE, bytes(range(64)), P.FCACHE, handle=1, offset=0, count=64)
+             .req(P.THAVE, bytes(32) + bytes(range(32)), count=2).req(P.THAVE, count=0)
+             .req(P.TWRITEHASH, handle=1, offset=0, count=64, hash=bytes(32)).req(P.TWRITEHASH, handle=1, offset=63, count=2, hash=bytes(32))
+             .req(P.TWRITEHASH, handle=9, offset=0, count=1, hash=bytes(32)).ping().bytes(),
     "truncated_write": S().alloc(1, 64).bytes() + P.pack(P.TWRITE, 60, payload_len=64, handle=1, offset=0, count=64) + bytes(10),
   }
 
@@ -131,6 +135,9 @@ def frames() -> dict[str, bytes]:
     "graphrun": P.pack(P.TGRAPHRUN, 7, payload_len=48, graph=1, count=2) + patch(0, P.PATCH_BUF, 0, 1, 8) + patch(1, P.PATCH_VAL, 1, 0, -5),
     "rerror": P.pack(P.RERROR, 8, payload_len=11, code=P.EINVAL, count=11) + b"bad request",
     "launch_too_many_args": P.pack(P.TLAUNCH, 9, payload_len=16 * 40 + 8 * 30, **P.launch_fields(1, [(0, 0)] * 40, [0] * 30)),
+    "have": P.pack(P.THAVE, 11, payload_len=64, count=2) + bytes(range(64)),
+    "have_bad_count": P.pack(P.THAVE, 12, payload_len=31, count=1) + bytes(31),
+    "writehash": P.pack(P.TWRITEHASH, 13, handle=1, offset=8, count=64, hash=bytes(range(32))),
     "size_wraps": P.pack(P.TWRITE, 10, size=0xffffffff, handle=1, offset=0, count=0xffffffffffffffe0),
   })
   return out
