@@ -40,6 +40,7 @@ sess_have(struct session *s, const struct proto_have *t, const uint8_t *body)
 int
 sess_writehash(struct session *s, const struct proto_twritehash *t)
 {
+	struct be_span *span;
 	uint8_t *dst;
 	int rc;
 
@@ -49,8 +50,16 @@ sess_writehash(struct session *s, const struct proto_twritehash *t)
 	if (s->cache == NULL)
 		return sess_errorf(s, t->h.tag, PROTO_ENOTCACHED, "this runner "
 		    "has no cache");
-	switch ((rc = cache_link_get(s->cache, t->hash, t->count, dst,
-	    s->err))) {
+	/* Profiling: a PROF_WRITE, as for the Twrite it stands for. */
+	if ((span = sess_prof_add(s, PROTO_PROF_WRITE, t->h.tag, t->handle, 0,
+	    0, t->count)) != NULL)
+		span->start = sess_prof_now(s);
+	rc = cache_link_get(s->cache, t->hash, t->count, dst, s->err);
+	if (span != NULL && rc == 0)
+		span->end = sess_prof_now(s);
+	else if (span != NULL)
+		sess_prof_drop(s, 1);
+	switch (rc) {
 	case 0:
 		s->cache_in += t->count;
 		return 0;

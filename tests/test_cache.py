@@ -272,3 +272,17 @@ def test_second_session_compiles_no_program_metal(tmp_path):
     assert len(counts) == 2 and counts[0][0] > 0 and counts[1] == (0, sum(counts[0])), counts
     assert runs[0]["bytes_sent"] > 2 * MB and runs[1]["bytes_sent"] < runs[0]["bytes_sent"] - 2 * MB + 64 * 1024
   finally: r.stop()
+
+def test_hashwrite_is_profiled_as_a_write(tmp_path):
+  r = cache_runner(tmp_path)
+  try:
+    data = os.urandom(2 * MB)
+    roundtrip(r.addr, data)
+    with Runner(r.addr) as rn:
+      rn.profile(P.PROFILE_ON)
+      rn.alloc(h := rn.new_handle(), len(data))
+      rn.write(h, 0, data)
+      recs, _, _, _ = rn.profile(P.PROFILE_OFF)
+      assert [(x["kind"], x["handle"], x["count"]) for x in recs] == [(P.PROF_WRITE, h, MB)] * 2
+      assert all(0 < x["start"] <= x["end"] for x in recs) and rn.stats()["bytes_sent"] < 8192
+  finally: r.stop()
