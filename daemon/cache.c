@@ -30,6 +30,7 @@
  */
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -67,6 +68,12 @@ static struct {
 } C = { -1, 0, NULL, "" };
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned tmp_counter;
+/* A pin is an open file: this process's pins stay FD_RESERVE descriptors
+ * short of its limit, so sessions (threads) always have some for their
+ * sockets; past that Thave answers "not held" and the bytes are sent. */
+#define FD_RESERVE 256
+static _Atomic long npins;
+static long maxpins;
 
 struct pin {
 	uint8_t hash[PROTO_HASH_SIZE];
@@ -265,6 +272,7 @@ done:
 int
 cache_open(const char *dir, uint64_t limit, char *err)
 {
+	struct rlimit rl;
 	char probe[64];
 	int fd;
 
@@ -302,6 +310,16 @@ cache_open(const char *dir, uint64_t limit, char *err)
 		C.dirfd = -1;
 		return -1;
 	}
+	/* Pins are open files: take what the hard limit allows. */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+		if (rl.rlim_cur < rl.rlim_max) {
+			rl.rlim_cur = rl.rlim_max;
+			setrlimit(RLIMIT_NOFILE, &rl);
+			getrlimit(RLIMIT_NOFILE, &rl);
+		}
+		maxpins = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 1 << 20 ?
+		    1 << 20 : (long)rl.rlim_cur - FD_RESERVE;
+	}
 	snprintf(C.dir, sizeof(C.dir), "%s", dir);
 	C.limit = limit;
 	pthread_mutex_lock(&cache_lock);
@@ -333,6 +351,7 @@ cache_pins_free(struct cache_pins *ps)
 		return;
 	for (i = 0; i < ps->n; i++)
 		close(ps->p[i].fd);
+	atomic_fetch_sub(&npins, (long)ps->n);
 	free(ps->p);
 	free(ps);
 }
@@ -351,6 +370,7 @@ find_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 static void
 unpin(struct cache_pins *ps, struct pin *p)
 {
+	atomic_fetch_sub(&npins, 1);
 	close(p->fd);
 	*p = ps->p[--ps->n];
 }
@@ -370,13 +390,17 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 		return 1;
 	if (ps->n >= PROTO_CACHE_PINS)
 		return 0;	/* the client sends the data instead */
+	if (atomic_fetch_add(&npins, 1) >= maxpins) {
+		atomic_fetch_sub(&npins, 1);
+		return 0;
+	}
 	hexname(hash, name);
 	if ((fd = openat(C.dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) ==
 	    -1) {
 		if (errno != ENOENT)
 			log_warn("cache: cannot open %s/%s: %s", C.dir, name,
 			    strerror(errno));
-		return 0;
+		goto fail;
 	}
 	/* The header must agree with the name and the file's length: a
 	 * file cut short is caught here, a damaged one when it is read. */
@@ -387,13 +411,13 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 	    memcmp(hdr + 16, hash, PROTO_HASH_SIZE) != 0) {
 		drop(fd, name, "has a bad header or length (truncated?)");
 		close(fd);
-		return 0;
+		goto fail;
 	}
 	if (ps->n == ps->cap) {
 		size_t cap = ps->cap ? 2 * ps->cap : 64;
 		if ((np = realloc(ps->p, cap * sizeof(*np))) == NULL) {
 			close(fd);
-			return 0;
+			goto fail;
 		}
 		ps->p = np;
 		ps->cap = cap;
@@ -404,6 +428,9 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 	ps->p[ps->n].len = get_u64(hdr + 8);
 	ps->n++;
 	return 1;
+fail:
+	atomic_fetch_sub(&npins, 1);
+	return 0;
 }
 
 int

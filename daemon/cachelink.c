@@ -75,6 +75,7 @@ struct cache_link {
 };
 
 static int helper_fd = -1;	/* in a session process with a helper */
+static int helper_failed;	/* in a session process without one */
 
 static int
 rd(int fd, void *buf, size_t n)
@@ -216,6 +217,9 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 	int sv[2], status;
 	pid_t child, helper = getpid();
 
+	/* Without a helper, the confined session must not touch the store
+	 * itself (its filter would end it): no cache for it. */
+	helper_failed = 1;
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == -1) {
 		snprintf(err, PROTO_ERRLEN, "socketpair: %s", strerror(errno));
 		return -1;
@@ -226,6 +230,7 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 		close(sv[1]);
 		return -1;
 	}
+	helper_failed = 0;
 	if (child == 0) {
 		/* The session. It must not outlive its helper either. */
 		close(sv[0]);
@@ -262,7 +267,8 @@ cache_link_open(void)
 {
 	struct cache_link *l;
 
-	if (!cache_enabled() || (l = calloc(1, sizeof(*l))) == NULL)
+	if (!cache_enabled() || helper_failed ||
+	    (l = calloc(1, sizeof(*l))) == NULL)
 		return NULL;
 	l->fd = helper_fd;
 	helper_fd = -1;
