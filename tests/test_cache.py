@@ -286,3 +286,26 @@ def test_hashwrite_is_profiled_as_a_write(tmp_path):
       assert [(x["kind"], x["handle"], x["count"]) for x in recs] == [(P.PROF_WRITE, h, MB)] * 2
       assert all(0 < x["start"] <= x["end"] for x in recs) and rn.stats()["bytes_sent"] < 8192
   finally: r.stop()
+
+def test_disk_full_keeps_serving(tmp_path):
+  # a cache directory on a 3 MiB tmpfs that --cache-size says may hold 1 GiB: the disk fills (ENOSPC), writes go on
+  import subprocess
+  d = tmp_path / "cache"
+  d.mkdir()
+  if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(d)], capture_output=True).returncode:
+    pytest.skip("needs to mount a small tmpfs (root with CAP_SYS_ADMIN)")
+  try:
+    r = cache_runner(tmp_path)
+    try:
+      datas = [os.urandom(8 * MB) for _ in range(2)]
+      for data in datas:
+        out, st = roundtrip(r.addr, data)
+        assert out == data
+      assert until(lambda: "No space left on device; going on without caching" in r.log_text(0))
+      assert not [p for p in d.iterdir() if p.name.startswith(".tmp")]   # a failed store leaves nothing behind
+      for f in files(d): assert hashlib.sha256(f.read_bytes()[48:]).hexdigest() == f.name   # what was stored is whole
+      assert 0 < len(files(d)) < 8
+      out, st = roundtrip(r.addr, datas[0])   # what was not stored is sent again; what was, goes by hash
+      assert out == datas[0] and MB < st["bytes_sent"] < 8 * MB
+    finally: r.stop()
+  finally: subprocess.run(["umount", str(d)])
