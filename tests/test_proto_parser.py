@@ -37,7 +37,7 @@ def test_hdr_size_over_maxmsg():
   rc, err = check_hdr(frame(P.TPING, size=0xffffffff))
   assert rc == -1 and "4294967295" in err and str(P.DEFAULT_MAXMSG) in err
 
-@pytest.mark.parametrize("t", [0, 11, 13, 31, 36, 1000, 0xffff])
+@pytest.mark.parametrize("t", [0, 11, 13, 31, 52, 1000, 0xffff])
 def test_hdr_unknown_type(t):
   f = bytearray(frame(P.TSYNC))
   f[4:6] = t.to_bytes(2, "little")
@@ -149,12 +149,22 @@ def test_size_tgraph_only_fixed_part():
   rc, err = cs(P.TGRAPH, size=23, count=1)
   assert rc == -1 and err == "Tgraph frame size 23 is smaller than its 24-byte fixed part"
 
-@pytest.mark.parametrize("t", [P.THELLO, P.TAUTH, P.TSYNC, P.TALLOC, P.TFREE, P.TREAD, P.TCOPY, P.TUNLOAD, P.TGRAPHFREE, P.TCLOCK, P.TPROFILE])
+@pytest.mark.parametrize("t", [P.THELLO, P.TAUTH, P.TSYNC, P.TALLOC, P.TFREE, P.TREAD, P.TCOPY, P.TUNLOAD, P.TGRAPHFREE, P.TCLOCK, P.TPROFILE,
+                               P.TWRITEHASH])
 def test_size_fixed_messages_exact(t):
   fixed = P.MSGS[t].size
   assert check_size(frame(t)) == (0, "")
   rc, err = check_size(frame(t, payload=b"\0"))
   assert rc == -1 and err == f"{P.TYPE_NAMES[t]} frame size {fixed + 1} is not its fixed size {fixed}"
+
+def test_size_thave_and_rhave_counts():
+  h = lambda t, n, extra: P.pack(t, 1, 0, n * (32 if t == P.THAVE else 1) + extra, count=n) + bytes(n * (32 if t == P.THAVE else 1) + extra)
+  assert check_size(h(P.THAVE, 3, 0)) == (0, "") and check_size(h(P.RHAVE, 3, 0)) == (0, "")
+  rc, err = check_size(h(P.THAVE, 3, -1))
+  assert rc == -1 and err == "Thave frame size 111 is not its 16-byte fixed part + 32 * count 3"
+  rc, err = check_size(P.pack(P.THAVE, 1, 0, 0, count=0x08000000))   # 32 * count wraps 32 bits: computed in 64
+  assert rc == -1 and "count 134217728" in err
+  assert check_size(h(P.RHAVE, 3, 1))[0] == -1
 
 def test_size_unknown_type():
   ffi, lib = build()
