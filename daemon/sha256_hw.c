@@ -83,8 +83,18 @@ blocks_shani(uint32_t h[8], const uint8_t *p, size_t n)
 }
 #endif
 
+/* GCC's arm_neon.h declares the SHA intrinsics for a function with the
+ * target attribute; clang's (before 16) only when the whole file is built
+ * for them (__ARM_FEATURE_SHA2, as on every arm64 Mac): otherwise clang
+ * builds use the portable code. */
 #if defined(__aarch64__) && (defined(__linux__) || defined(__APPLE__)) && \
-    (defined(__GNUC__) || defined(__clang__))
+    (defined(__ARM_FEATURE_SHA2) || defined(__ARM_FEATURE_CRYPTO) || \
+    (defined(__GNUC__) && !defined(__clang__)))
+#if defined(__ARM_FEATURE_SHA2) || defined(__ARM_FEATURE_CRYPTO)
+#define ARM_SHA_TARGET
+#else
+#define ARM_SHA_TARGET __attribute__((target("+crypto")))
+#endif
 #include <arm_neon.h>
 #ifdef __linux__
 #include <sys/auxv.h>
@@ -94,7 +104,7 @@ blocks_shani(uint32_t h[8], const uint8_t *p, size_t n)
 
 /* Sixteen groups of four rounds; the schedule is updated in place in
  * m[g % 4] for the twelve groups that still need new words. */
-__attribute__((target("+crypto")))
+ARM_SHA_TARGET
 static void
 blocks_armv8(uint32_t h[8], const uint8_t *p, size_t n)
 {
