@@ -253,7 +253,8 @@ evict(void)
 		total += e[n].size;
 		n++;
 	}
-	qsort(e, n, sizeof(*e), older);
+	if (n > 0)
+		qsort(e, n, sizeof(*e), older);
 	for (i = 0; i < n && total > C.limit; i++)
 		if (unlinkat(C.dirfd, e[i].name, 0) == 0) {
 			total -= e[i].size;

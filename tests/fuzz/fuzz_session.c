@@ -9,6 +9,8 @@
  * reads the replies until the session closes; sess_serve() runs in the
  * calling thread on the other end, exactly as the daemon runs it.
  *
+ * Every session has a content cache in a temporary directory (cache.c).
+ *
  * Oracles besides the sanitizers: the backend's assertions (the session
  * passed a bad handle, range or count, or leaked an object); every reply is
  * a well-formed frame (a known reply type whose size agrees with its counts
@@ -27,6 +29,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "metal_runner.h"
 #include "proto.h"
 #include "backend_null.h"
@@ -176,13 +179,21 @@ peer_run(void *arg)
 int
 LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-	char err[BE_ERR_MAX];
+	char err[PROTO_ERRLEN], dir[1024];
+	const char *tmp = getenv("TMPDIR");
 
 	(void)argc;
 	(void)argv;
 	signal(SIGPIPE, SIG_IGN);
+	/* Every session has a content cache (as with --cache-dir, thread
+	 * isolation: the store is called directly), in a fresh directory
+	 * bounded to 8 MiB, so Thave, Twritehash and FCACHE reach it; under
+	 * $TMPDIR, which run.sh points at its scratch directory. */
+	snprintf(dir, sizeof(dir), "%s/fuzz_session_cache.XXXXXX",
+	    tmp != NULL && *tmp != '\0' ? tmp : "/tmp");
 	if (be_null.open(&info, NULL, err) == -1 ||
-	    mr_mem_init(1, info.memory) == -1) {
+	    mr_mem_init(1, info.memory) == -1 || mkdtemp(dir) == NULL ||
+	    cache_open(dir, 8 << 20, err) == -1) {
 		fprintf(stderr, "fuzz_session: cannot set up\n");
 		abort();
 	}

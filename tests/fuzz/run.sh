@@ -22,6 +22,7 @@ make -s -C "$root/daemon" fuzz
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+export TMPDIR="$work"	# fuzz_session's cache directory goes there too
 # What counts as a failure in a fuzzer's log, besides its exit status.
 bad='ERROR: (Address|Leak)Sanitizer|runtime error:|assertion failed|deadly signal'
 status=0
