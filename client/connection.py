@@ -15,6 +15,7 @@ Environment:
 from __future__ import annotations
 import dataclasses, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
+from .resume import Replay, resume, WINDOW
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
@@ -103,7 +104,10 @@ class Runner:
     self._names: dict[int, str] = {}  # prog -> kernel name, for error messages
     self._failed: set[int] = set()    # programs whose Tload the runner rejected: nothing to unload
     # counters for stats(); _rtmark is the request count when the last round trip began (see stats)
-    self._nreq = self._nrt = self._nwait = self._rtmark = self._bsent = self._brecv = 0
+    self._nreq = self._nrt = self._nwait = self._rtmark = self._bsent = self._brecv = self._nresume = 0
+    self._rs: Replay|None = None      # with CAP_RESUME: what a resume after a dropped link needs (client/resume.py)
+    self._stash: list = []            # errors read while waiting for a resume-window Tping, for the next waiting call
+    self._token, self.connect_timeout = None, connect_timeout
     try: self.sock = socket.create_connection(parse_addr(addr), timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
     try:
@@ -128,6 +132,10 @@ class Runner:
 
   def close(self):
     """Close the connection. Requests still in the send buffer are dropped; call sync() first to see their errors."""
+    if self._dead is None and self._rs is not None and self.sock is not None:
+      # a resumable session would otherwise wait out its grace period on the runner: say this close is meant
+      try: self.sock.sendall(P.pack(P.TRESUMEKEY, 0, mode=P.RESUME_OFF))
+      except OSError: pass
     if self._dead is None: self._dead = "the connection was closed by the client"
     if self.sock is not None:
       try: self.sock.close()
@@ -146,12 +154,15 @@ class Runner:
                            f["maxhandles"], f["session"], P.cstr(f["name"]), P.cstr(f["arch"]), P.cstr(f["cpu"]),
                            P.cstr(f["features"]), self.maxmsg, bool(f["caps"] & P.CAP_UNIFIED))
     if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
+    if f["caps"] & P.CAP_RESUME:  # ask for the resume key with the first requests: no round trip of its own
+      self._rs = Replay()
+      self._skip.add(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON))
 
   def _auth(self, token, snonce:bytes):
     if token is None and (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): token = read_token(path)
     if token is None:
       raise RunnerError(self.addr, P.EAUTH, "the runner requires authentication: pass token= or set METAL_RUNNER_TOKEN_FILE", None, "Tauth")
-    token = token.encode() if isinstance(token, str) else bytes(token)
+    token = self._token = token.encode() if isinstance(token, str) else bytes(token)
     cnonce = os.urandom(P.NONCE_SIZE)
     mac = hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
     f = self._wait(self._send(P.TAUTH, "Tauth", cnonce=cnonce, mac=mac), P.RAUTH)
@@ -174,8 +185,11 @@ class Runner:
                       already in flight) wait without adding one: a round trip is the link's latency paid once, not a reply
       bytes_sent      bytes written to the socket
       bytes_received  bytes read from the socket
+      resumes         times the session was resumed on a new connection after the link dropped (client/resume.py); the resume
+                      handshakes and what was sent again on them are counted above too
     Requests without a reply (alloc, write, launch and graph_run without wait, ...) cost none: they ride with the next flush."""
-    return {"round_trips": self._nrt, "requests": self._nreq, "replies": self._nwait, "bytes_sent": self._bsent, "bytes_received": self._brecv}
+    return {"round_trips": self._nrt, "requests": self._nreq, "replies": self._nwait, "bytes_sent": self._bsent, "bytes_received": self._brecv,
+            "resumes": self._nresume}
 
   # *** requests ***
 
@@ -189,6 +203,7 @@ class Runner:
     With a runner cache, large data goes by content (write_cached)."""
     mv, step = memoryview(data).cast("B"), self.maxmsg - P.MSGS[P.TWRITE].size
     if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
+    if self._rs is not None: step = min(step, WINDOW // 2)  # the resume log holds what is sent until the runner has it
     for i in range(0, max(len(mv), 1), step):
       c = mv[i:i+step]
       self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
@@ -220,6 +235,7 @@ class Runner:
   def read(self, h:int, offset:int, dest):
     """Fill dest (a writable bytes-like object) from buffer h at offset; waits. Large reads are split and pipelined."""
     mv, step = memoryview(dest).cast("B"), self.maxmsg - P.MSGS[P.RREAD].size
+    if self._rs is not None: return self._read_resumable(h, offset, mv)
     parts = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)]
     tags = [self._send(P.TREAD, f"Tread handle={h} offset={offset+i*step} count={len(c)}", handle=h, offset=offset+i*step, count=len(c))
             for i, c in enumerate(parts)]
@@ -228,6 +244,24 @@ class Runner:
       except RunnerError:
         self._skip.update(tags[k+1:])
         raise
+
+  def _read_resumable(self, h:int, offset:int, mv:memoryview):
+    """read() when the session may be resumed: the runner keeps only its last Rresumekey.log bytes of replies to send again, so
+    parts are a quarter of that and at most two are in flight (the pipe stays full; one round trip as before)."""
+    if self._rs.key is None: self.ping()   # learn the runner's reply log, once
+    step = min(self.maxmsg - P.MSGS[P.RREAD].size, max(4096, self._rs.key["log"] // 4))
+    parts, tags = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)], []
+    try:
+      for k, c in enumerate(parts):
+        tags.append(self._send(P.TREAD, f"Tread handle={h} offset={offset+k*step} count={len(c)}", handle=h, offset=offset+k*step, count=len(c)))
+        if k == 0: continue
+        if k > 1: self._rtmark = self._nreq  # its Tread goes out while earlier parts are in flight: no new round trip
+        self._wait(tags[k-1], P.RREAD, parts[k-1])
+      if len(parts) > 1: self._rtmark = self._nreq
+      self._wait(tags[-1], P.RREAD, parts[-1])
+    except RunnerError as e:
+      self._skip.update(t for t in tags if t != e.tag and t in self._sent)
+      raise
 
   def load(self, prog:int, kind:int, name:str, data, nbufs:int, nvals:int, corearg:int=P.NO_CORE, entry:int=0, arch:int=0):
     nm, data = name.encode(), memoryview(data).cast("B")
@@ -250,6 +284,7 @@ class Runner:
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
     self._sent[tag] = ("Tlaunch prog={} ({})", prog, self._names.get(prog, "?"))
+    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
     flat = [x for b in bufs for x in (b[0], 0, b[1])]
     self._out += _TLAUNCH.pack(_TLAUNCH.size + 16 * nb + 8 * nv, P.TLAUNCH, P.FWAIT if wait else 0, tag, 0, prog, nb, nv, *g, *l)
     self._out += _args_struct(nb, nv).pack(*flat, *vals)
@@ -300,6 +335,7 @@ class Runner:
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
     self._sent[tag] = desc
+    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
     self._out += st.pack(st.size + (fields[0] if type == P.TPING else 0), type, 0, tag, *fields)
     return tag
 
@@ -331,6 +367,7 @@ class Runner:
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
     self._sent[tag] = desc
+    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
     self._out += P.pack(type, tag, flags, n, **fields)
     bufs = []
     for p in parts:
@@ -338,13 +375,27 @@ class Runner:
       else: bufs, self._out = bufs + [self._out, p], bytearray()
     if bufs: self._sendv(bufs + [self._out], desc)
     elif len(self._out) > FLUSH_SIZE: self._flush(desc)
+    if self._rs is not None and self._rs.held > WINDOW: self._window()
     return tag
+
+  def _window(self):
+    """The resume log passed WINDOW bytes: ask the runner how far it got with a Tping, and past twice that wait for its Rping."""
+    rs = self._rs
+    if rs.ping is None:
+      rs.ping = self._small(P.TPING, _HDR_COUNT, "Tping (resume window)", 0)
+      self._skip.add(rs.ping)
+      self._flush("Tping (resume window)")
+    elif rs.held > 2 * WINDOW:
+      tag = rs.ping
+      self._skip.discard(tag)
+      self._wait(tag, P.RPING, stash=True)
 
   def _flush(self, desc):
     if self._out: self._sendv([self._out], desc)
 
   def _sendv(self, bufs, desc):
     self._out = bytearray()
+    if self._rs is not None: self._rs.log(bufs)
     try:
       if len(bufs) == 1:  # the usual flush: one buffer of queued requests
         self.sock.sendall(bufs[0])
@@ -359,7 +410,12 @@ class Runner:
           else: views[0], n = views[0][n:], 0
     except OSError as e:
       # the runner may have said why before closing (EPROTO, ECRASH): report that rather than a broken pipe
-      self._lost(self._last_words() or e, desc)
+      rs, self._rs = self._rs, None   # what it reads here is read again after a resume
+      why = self._last_words()
+      self._rs = rs
+      if why is None and rs is not None and rs.key is not None and not isinstance(e, (TimeoutError, BlockingIOError)):
+        return resume(self, e, desc)   # the bytes are in the resume log: they go again
+      self._lost(why or e, desc)
 
   def _last_words(self) -> str|None:
     try:
@@ -416,58 +472,70 @@ class Runner:
     if t == P.RREAD and dest is not None and tag in dest:
       if n != dest[tag].nbytes: raise ValueError(f"Rread of {n} bytes for a Tread of {dest[tag].nbytes}")
       self._take_into(dest[tag], deadline)
-      return t, f, None
-    if n == 0: return t, f, b""
-    data = bytearray(n)
-    self._take_into(memoryview(data), deadline)
-    return t, f, bytes(data)
+      data = None
+    elif n == 0: data = b""
+    else:
+      buf = bytearray(n)
+      self._take_into(memoryview(buf), deadline)
+      data = bytes(buf)
+    if self._rs is not None: self._rs.frame(t, size, tag, f, len(self._out))
+    return t, f, data
 
-  def _wait(self, tag:int, rtype:int, dest:memoryview|None=None) -> dict:
-    """Flush, then read frames up to the reply to tag; raise the first error of this or any earlier request."""
+  def _wait(self, tag:int, rtype:int, dest:memoryview|None=None, stash:bool=False) -> dict:
+    """Flush, then read frames up to the reply to tag; raise the first error of this or any earlier request (with stash, keep
+    them for the next waiting call instead). A dropped link is resumed on the way when the session allows it (client/resume.py)."""
     desc = self._sent.get(tag) or f"tag {tag}"
     if self._out: self._flush(desc)
     self._nwait += 1
     if self._rtmark != self._nreq: self._nrt, self._rtmark = self._nrt + 1, self._nreq
-    errors, deadline, dests = [], time.monotonic() + self.timeout, {tag: dest} if dest is not None else None
-    try:
-      # the usual case: nothing buffered and the reply is a fixed-size frame that arrives whole; one recv, no parsing beyond the header
-      if self._rpos == self._rlen and dest is None:
-        self._rpos, self._rlen = 0, self._recv_some(self._rview, deadline)
-        m = P.MSGS[rtype]
-        if self._rlen >= m.size and _HDR.unpack_from(self._rbuf) == (m.size, rtype, 0, tag):
-          self._rpos = m.size
-          (f := m.unpack(self._rbuf))["data"] = b""
-          self._done(tag)
-          return f
-      while True:
-        t, f, data = self._recv_frame(deadline, dests)
-        if t == P.RERROR:
-          e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(d:=self._sent.get(f["tag"], f"tag {f['tag']}")))
-          if type(d) is tuple and d[0] is _TLOAD: self._failed.add(d[1])
-          if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
-            e.others = errors
-            self.close()
-            self._dead = e.reason()
-            raise e
-        if f["tag"] in self._skip and f["tag"] != tag:  # the reply or error of an abandoned part of a read
-          self._skip.discard(f["tag"])
-          continue
-        if t == P.RERROR:
-          errors.append(e)
-          if f["tag"] == tag: break
-          continue
-        if t != rtype or f["tag"] != tag:
-          raise ValueError(f"unexpected {P.TYPE_NAMES[t]} with tag {f['tag']} while waiting for the {P.TYPE_NAMES[rtype]} to tag {tag}")
-        f["data"] = data
+    errors, deadline, dests = self._stash, time.monotonic() + self.timeout, {tag: dest} if dest is not None else None
+    self._stash = []
+    while True:
+      try:
+        # the usual case: nothing buffered and the reply is a fixed-size frame that arrives whole; one recv, no parsing beyond the header
+        if self._rpos == self._rlen and dest is None and not errors:
+          self._rpos, self._rlen = 0, self._recv_some(self._rview, deadline)
+          m = P.MSGS[rtype]
+          if self._rlen >= m.size and _HDR.unpack_from(self._rbuf) == (m.size, rtype, 0, tag):
+            self._rpos = m.size
+            (f := m.unpack(self._rbuf))["data"] = b""
+            if self._rs is not None: self._rs.frame(rtype, m.size, tag, f, len(self._out))
+            self._done(tag)
+            return f
+        while True:
+          t, f, data = self._recv_frame(deadline, dests)
+          if t == P.RERROR:
+            e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(d:=self._sent.get(f["tag"], f"tag {f['tag']}")))
+            if type(d) is tuple and d[0] is _TLOAD: self._failed.add(d[1])
+            if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
+              e.others = errors
+              self.close()
+              self._dead = e.reason()
+              raise e
+          if f["tag"] in self._skip and f["tag"] != tag:  # the reply or error of an abandoned part of a read
+            self._skip.discard(f["tag"])
+            continue
+          if t == P.RERROR:
+            errors.append(e)
+            if f["tag"] == tag: break
+            continue
+          if t != rtype or f["tag"] != tag:
+            raise ValueError(f"unexpected {P.TYPE_NAMES[t]} with tag {f['tag']} while waiting for the {P.TYPE_NAMES[rtype]} to tag {tag}")
+          f["data"] = data
+          break
         break
-    except RunnerError: raise
-    except (OSError, EOFError, ValueError) as e: self._lost(e, desc, errors)
-    except BaseException:  # interrupted half way through a frame: the stream cannot be trusted any more
-      self.close()
-      self._dead = f"interrupted while waiting for {_describe(desc)}"
-      raise
+      except RunnerError: raise
+      except (TimeoutError, BlockingIOError, ValueError) as e: self._lost(e, desc, errors)
+      except (OSError, EOFError) as e:
+        if self._rs is None or self._rs.key is None: self._lost(e, desc, errors)
+        resume(self, e, desc)   # then read on: the runner sends again what this side had not received whole
+      except BaseException:  # interrupted half way through a frame: the stream cannot be trusted any more
+        self.close()
+        self._dead = f"interrupted while waiting for {_describe(desc)}"
+        raise
     self._done(tag)
-    if errors:
+    if stash: self._stash = errors
+    elif errors:
       errors[0].others = errors[1:]
       raise errors[0]
     return f

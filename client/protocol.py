@@ -29,6 +29,7 @@ TALLOC, TFREE, TWRITE, TREAD, RREAD, TCOPY, TLOAD, TUNLOAD = 10, 12, 14, 16, 17,
 TLAUNCH, RLAUNCH, TGRAPH, TGRAPHRUN, RGRAPHRUN, TGRAPHFREE = 24, 25, 26, 28, 29, 30
 TCLOCK, RCLOCK, TPROFILE, RPROFILE = 32, 33, 34, 35
 THAVE, RHAVE, TWRITEHASH = 36, 37, 38  # CAP_CACHE
+TRESUMEKEY, RRESUMEKEY, TRESUME, RRESUME = 46, 47, 48, 49  # CAP_RESUME
 
 FWAIT = 1  # hdr.flags on Tlaunch/Tgraphrun: wait and reply with the device time
 FCACHE = 2  # hdr.flags on Twrite (CAP_CACHE): the runner also keeps the data in its cache
@@ -36,22 +37,25 @@ FCACHE = 2  # hdr.flags on Twrite (CAP_CACHE): the runner also keeps the data in
 EPROTO, EVERSION, EAUTH, ESTATE, EHANDLE, EEXIST, ERANGE, EINVAL = 1, 2, 3, 4, 5, 6, 7, 8
 ENOMEM, ELIMIT, EKIND, EPROGRAM, EDEVICE, EMORE, ECRASH, ETIMEOUT = 9, 10, 11, 12, 13, 14, 15, 16
 ENOTCACHED, ECACHE = 17, 18
+ERESUME = 21
 ERRORS = {EPROTO: "EPROTO", EVERSION: "EVERSION", EAUTH: "EAUTH", ESTATE: "ESTATE", EHANDLE: "EHANDLE", EEXIST: "EEXIST",
           ERANGE: "ERANGE", EINVAL: "EINVAL", ENOMEM: "ENOMEM", ELIMIT: "ELIMIT", EKIND: "EKIND", EPROGRAM: "EPROGRAM",
-          EDEVICE: "EDEVICE", EMORE: "EMORE", ECRASH: "ECRASH", ETIMEOUT: "ETIMEOUT", ENOTCACHED: "ENOTCACHED", ECACHE: "ECACHE"}
+          EDEVICE: "EDEVICE", EMORE: "EMORE", ECRASH: "ECRASH", ETIMEOUT: "ETIMEOUT", ENOTCACHED: "ENOTCACHED", ECACHE: "ECACHE", ERESUME: "ERESUME"}
 # after an Rerror with one of these codes the runner closes the connection
-FATAL_ERRORS = {EPROTO, EVERSION, EAUTH, ESTATE, ECRASH, ETIMEOUT}
+FATAL_ERRORS = {EPROTO, EVERSION, EAUTH, ESTATE, ECRASH, ETIMEOUT, ERESUME}
 
 BACKEND_CPU, BACKEND_METAL = 1, 2
 BACKENDS = {BACKEND_CPU: "cpu", BACKEND_METAL: "metal"}
 CAP_AUTH, CAP_UNIFIED, CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, CAP_PROFILE = 1, 2, 4, 8, 16, 32
 CAP_CACHE = 64
+CAP_RESUME = 256
 PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE = 1, 2, 3
 PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_METAL_SOURCE: CAP_METAL_SOURCE}
 ARCH_NONE, ARCH_X86_64, ARCH_ARM64, ARCH_RISCV64 = 0, 1, 2, 3
 ARCHS = {ARCH_X86_64: "x86_64", ARCH_ARM64: "arm64", ARCH_RISCV64: "riscv64"}
 PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL = 1, 2, 3, 4
 PROFILE_OFF, PROFILE_ON = 0, 1  # Tprofile.mode
+RESUME_OFF, RESUME_ON = 0, 1  # Tresumekey.mode
 PROF_LAUNCH, PROF_GRAPH, PROF_WRITE, PROF_READ, PROF_COPY = 1, 2, 3, 4, 5  # profile record kinds
 
 crc32 = zlib.crc32
@@ -109,7 +113,11 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (TPROFILE, "Tprofile", ("II", ("mode", "count"))),
   (RPROFILE, "Rprofile", ("IIIII", ("count", "left", "lost", "cap", "pad"))),
   (THAVE, "Thave", _PING), (RHAVE, "Rhave", _PING),
-  (TWRITEHASH, "Twritehash", (_IO[0] + "32s", _IO[1] + ("hash",)))]}
+  (TWRITEHASH, "Twritehash", (_IO[0] + "32s", _IO[1] + ("hash",)))),
+  (TRESUMEKEY, "Tresumekey", ("I", ("mode",))),
+  (RRESUMEKEY, "Rresumekey", ("IQ32s", ("grace", "log", "secret"))),
+  (TRESUME, "Tresume", ("IQQ32s32s", ("session", "sent", "received", "cnonce", "mac"))),
+  (RRESUME, "Rresume", ("IQ32s", ("pad", "processed", "mac")))]}
 TYPE_NAMES = {t: m.name for t, m in MSGS.items()}
 
 # records inside frames: a launch (Tlaunch, Tgraph) with its buffer args and int64 values, a Tgraphrun patch

@@ -221,8 +221,7 @@ send_read(struct session *s, const struct proto_tread *t, const uint8_t *src)
 		s->outlen += (size_t)t->count;
 		return 0;
 	}
-	if (net_sendv_all(s->fd, s->out, s->outlen, src, (size_t)t->count) ==
-	    -1)
+	if (resume_send(s, s->out, s->outlen, src, (size_t)t->count) == -1)
 		return -2;
 	s->bytes_out += s->outlen + t->count;
 	s->outlen = 0;

@@ -48,8 +48,8 @@ admit(struct session *s, uint32_t tag)
 	    "many sessions as it allows; try again later");
 }
 
-static void
-random_bytes(uint8_t *p, size_t n)
+void
+sess_random(uint8_t *p, size_t n)
 {
 #if defined(__APPLE__) || defined(__OpenBSD__)
 	arc4random_buf(p, n);
@@ -121,7 +121,8 @@ sess_hello(struct session *s, const union proto_msg *m)
 	/* Tclock and Tprofile are the session's, on every backend. */
 	r.rhello.caps = info->caps | PROTO_CAP_PROFILE |
 	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0) |
-	    (s->cache != NULL ? PROTO_CAP_CACHE : 0);
+	    (s->cache != NULL ? PROTO_CAP_CACHE : 0) |
+	    (resume_offered(s) ? PROTO_CAP_RESUME : 0);
 	r.rhello.ncores = info->ncores;
 	r.rhello.memory = cfg->total_mem ? min64(cfg->total_mem, info->memory) :
 	    info->memory;
@@ -130,8 +131,9 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.maxbuf = min64(info->maxbuf, r.rhello.memory);
 	r.rhello.maxhandles = cfg->max_handles;
 	r.rhello.session = s->id;
-	if (cfg->token != NULL) {
-		random_bytes(s->snonce, sizeof(s->snonce));
+	/* Fresh for Tauth, and for Tresume's proof (resume.c). */
+	if (cfg->token != NULL || resume_offered(s)) {
+		sess_random(s->snonce, sizeof(s->snonce));
 		memcpy(r.rhello.nonce, s->snonce, sizeof(s->snonce));
 	}
 	memcpy(r.rhello.name, info->name, sizeof(r.rhello.name));

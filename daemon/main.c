@@ -54,6 +54,10 @@ usage(FILE *f)
 "                          close a connection that has not finished its\n"
 "                          handshake in S seconds (default 10; 0: never)\n"
 "      --frame-timeout S   end a session stalled mid-frame (default 60)\n"
+"      --resume-grace S    keep a session whose link dropped S seconds\n"
+"                          for its client to resume (default 60; 0: off)\n"
+"      --resume-log BYTES  replies a session keeps to send again on a\n"
+"                          resume (default 4M, 64K..4G)\n"
 "      --idle-timeout S    end a session idle this long (default: never)\n"
 "      --kernel-timeout S  end a session whose CPU kernel runs longer\n"
 "                          (process isolation; default: no limit)\n"
@@ -206,7 +210,7 @@ main(int argc, char **argv)
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
 	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
 	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
-	    O_CACHESIZE };
+	    O_CACHESIZE, O_RGRACE, O_RLOG };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
@@ -223,6 +227,8 @@ main(int argc, char **argv)
 		{ "max-sessions", required_argument, NULL, O_SESSIONS },
 		{ "max-startups", required_argument, NULL, O_STARTUPS },
 		{ "handshake-timeout", required_argument, NULL, O_HTIME },
+		{ "resume-grace", required_argument, NULL, O_RGRACE },
+		{ "resume-log", required_argument, NULL, O_RLOG },
 		{ "frame-timeout", required_argument, NULL, O_FTIME },
 		{ "idle-timeout", required_argument, NULL, O_ITIME },
 		{ "kernel-timeout", required_argument, NULL, O_KTIME },
@@ -317,6 +323,15 @@ main(int argc, char **argv)
 			if (parse_int(optarg, 1, 4096, &n) == -1)
 				goto bad;
 			cfg.max_startups = (uint32_t)n;
+			break;
+		case O_RGRACE:
+			if (parse_int(optarg, 0, 86400, &cfg.resume_grace) == -1)
+				goto bad;
+			break;
+		case O_RLOG:
+			if (parse_size(optarg, &cfg.resume_log) == -1 ||
+			    cfg.resume_log < 65536 || cfg.resume_log > (1ULL << 32))
+				goto bad;
 			break;
 		case O_HTIME:
 			if (parse_int(optarg, 0, 86400,

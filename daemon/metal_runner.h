@@ -39,6 +39,11 @@ struct mr_config {
 					 * processes (confine.c) */
 	const char *cache_dir;		/* the content cache (cache.c), NULL: none */
 	uint64_t cache_size;		/* bytes the cache may hold on disk */
+	int resume_grace;		/* seconds a session waits for its client
+					 * to resume after the link drops, 0: no
+					 * resuming (resume.c) */
+	uint64_t resume_log;		/* bytes of replies a session keeps to
+					 * send again on a resume */
 	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
 	size_t tokenlen;
 	/* Called once the socket listens, with the bound port. */

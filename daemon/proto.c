@@ -127,6 +127,21 @@ static const struct field f_rprofile[] = {
 	FI(proto_rprofile, count, 12), FI(proto_rprofile, left, 16),
 	FI(proto_rprofile, lost, 20), FI(proto_rprofile, cap, 24)
 };
+static const struct field f_tresumekey[] = {
+	FI(proto_tresumekey, mode, 12)
+};
+static const struct field f_rresumekey[] = {
+	FI(proto_rresumekey, grace, 12), FI(proto_rresumekey, log, 16),
+	FB(proto_rresumekey, secret, 24)
+};
+static const struct field f_tresume[] = {
+	FI(proto_tresume, session, 12), FI(proto_tresume, sent, 16),
+	FI(proto_tresume, received, 24), FB(proto_tresume, cnonce, 32),
+	FB(proto_tresume, mac, 64)
+};
+static const struct field f_rresume[] = {
+	FI(proto_rresume, processed, 16), FB(proto_rresume, mac, 24)
+};
 
 static const struct field f_have[] = {
 	FI(proto_have, count, 12)
@@ -199,7 +214,11 @@ static const struct msgdef msgs[] = {
 	[PROTO_RPROFILE] = M("Rprofile", 32, f_rprofile),
 	[PROTO_THAVE] = M("Thave", 16, f_have),
 	[PROTO_RHAVE] = M("Rhave", 16, f_have),
-	[PROTO_TWRITEHASH] = M("Twritehash", 64, f_twritehash)
+	[PROTO_TWRITEHASH] = M("Twritehash", 64, f_twritehash),
+	[PROTO_TRESUMEKEY] = M("Tresumekey", 16, f_tresumekey),
+	[PROTO_RRESUMEKEY] = M("Rresumekey", 56, f_rresumekey),
+	[PROTO_TRESUME] = M("Tresume", 96, f_tresume),
+	[PROTO_RRESUME] = M("Rresume", 56, f_rresume)
 };
 
 static const char *const errnames[] = {
@@ -211,7 +230,8 @@ static const char *const errnames[] = {
 	[PROTO_EKIND] = "EKIND",	[PROTO_EPROGRAM] = "EPROGRAM",
 	[PROTO_EDEVICE] = "EDEVICE",	[PROTO_EMORE] = "EMORE",
 	[PROTO_ECRASH] = "ECRASH",	[PROTO_ETIMEOUT] = "ETIMEOUT",
-	[PROTO_ENOTCACHED] = "ENOTCACHED", [PROTO_ECACHE] = "ECACHE"
+	[PROTO_ENOTCACHED] = "ENOTCACHED", [PROTO_ECACHE] = "ECACHE",
+	[PROTO_ERESUME] = "ERESUME"
 };
 
 #if defined(__GNUC__) || defined(__clang__)

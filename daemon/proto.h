@@ -43,6 +43,10 @@ union proto_msg {
 	struct proto_rprofile rprofile;
 	struct proto_have have;			/* Thave and Rhave */
 	struct proto_twritehash twritehash;
+	struct proto_tresumekey tresumekey;
+	struct proto_rresumekey rresumekey;
+	struct proto_tresume tresume;
+	struct proto_rresume rresume;
 };
 
 /* Size of the fixed part (header included) of a message type, 0 if the

@@ -59,7 +59,9 @@ enum proto_type {
 	PROTO_TCLOCK = 32,	PROTO_RCLOCK = 33,
 	PROTO_TPROFILE = 34,	PROTO_RPROFILE = 35,
 	PROTO_THAVE = 36,	PROTO_RHAVE = 37,	/* CAP_CACHE */
-	PROTO_TWRITEHASH = 38				/* CAP_CACHE, no reply */
+	PROTO_TWRITEHASH = 38,				/* CAP_CACHE, no reply */
+	PROTO_TRESUMEKEY = 46,	PROTO_RRESUMEKEY = 47,	/* CAP_RESUME */
+	PROTO_TRESUME = 48,	PROTO_RRESUME = 49	/* CAP_RESUME */
 };
 
 /* hdr.flags */
@@ -87,7 +89,8 @@ enum proto_error {
 	PROTO_ECRASH = 15,	/* a kernel crashed; the session ends */
 	PROTO_ETIMEOUT = 16,	/* a kernel or the client exceeded a time limit */
 	PROTO_ENOTCACHED = 17,	/* Twritehash: the session holds no such content */
-	PROTO_ECACHE = 18	/* cached content failed verification: dropped */
+	PROTO_ECACHE = 18,	/* cached content failed verification: dropped */
+	PROTO_ERESUME = 21	/* the session cannot be resumed; connection closed */
 };
 
 /* Rhello.backend */
@@ -104,7 +107,8 @@ enum proto_cap {
 	PROTO_CAP_METALLIB = 8,		/* accepts PROTO_PROG_METALLIB */
 	PROTO_CAP_METAL_SOURCE = 16,	/* accepts PROTO_PROG_METAL_SOURCE */
 	PROTO_CAP_PROFILE = 32,		/* accepts Tclock and Tprofile */
-	PROTO_CAP_CACHE = 64		/* a content cache: Thave, Twritehash, FCACHE */
+	PROTO_CAP_CACHE = 64,		/* a content cache: Thave, Twritehash, FCACHE */
+	PROTO_CAP_RESUME = 256		/* sessions survive a dropped link */
 };
 
 /* Tload.kind */
@@ -134,6 +138,12 @@ enum proto_patch_kind {
 enum proto_profile_mode {
 	PROTO_PROFILE_OFF = 0,	/* stop recording; records not returned are dropped */
 	PROTO_PROFILE_ON = 1	/* record every kernel and copy from now on */
+};
+
+/* Tresumekey.mode */
+enum proto_resumekey_mode {
+	PROTO_RESUME_OFF = 0,	/* the session ends with its connection */
+	PROTO_RESUME_ON = 1	/* issue the key: the session may be resumed */
 };
 
 /* Profile record kinds */
@@ -386,6 +396,38 @@ struct proto_twritehash {
 	uint64_t offset;
 	uint64_t count;
 	uint8_t hash[32];
+};
+
+/* size[4] Tresumekey tag[4] mode[4] */
+struct proto_tresumekey {
+	struct proto_hdr h;
+	uint32_t mode;
+};
+
+/* size[4] Rresumekey tag[4] grace[4] log[8] secret[32] */
+struct proto_rresumekey {
+	struct proto_hdr h;
+	uint32_t grace;
+	uint64_t log;
+	uint8_t secret[32];
+};
+
+/* size[4] Tresume tag[4] session[4] sent[8] received[8] cnonce[32] mac[32] */
+struct proto_tresume {
+	struct proto_hdr h;
+	uint32_t session;
+	uint64_t sent;
+	uint64_t received;
+	uint8_t cnonce[32];
+	uint8_t mac[32];
+};
+
+/* size[4] Rresume tag[4] pad[4] processed[8] mac[32] */
+struct proto_rresume {
+	struct proto_hdr h;
+	uint32_t pad;
+	uint64_t processed;
+	uint8_t mac[32];
 };
 
 /* One profile record: kind[2] entry[2] tag[4] handle[4] aux[4] start[8]

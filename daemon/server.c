@@ -48,6 +48,7 @@
 #include "confine.h"
 #include "metal_runner.h"
 #include "proto.h"
+#include "resume.h"
 #include "slots.h"
 
 struct thread_arg {
@@ -86,6 +87,8 @@ mr_config_defaults(struct mr_config *cfg)
 	cfg->frame_timeout = 60;
 	cfg->handshake_timeout = 10;
 	cfg->cache_size = (uint64_t)4 << 30;
+	cfg->resume_grace = 60;
+	cfg->resume_log = 4 << 20;
 }
 
 const struct backend *
@@ -196,6 +199,7 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	size_t i;
 
 	close(lfd);
+	resume_child();
 #ifdef __linux__
 	/* A session must not outlive its runner (a SIGKILLed daemon would
 	 * leave orphans serving and holding memory). The parent may already
@@ -258,8 +262,10 @@ stop_sessions(enum be_isolation iso)
 			reap(1);
 		return;
 	}
-	/* Threads: wake each session out of recv; it cleans up and exits. */
+	/* Threads: wake each session out of recv (or out of its wait for a
+	 * resume); it cleans up and exits. */
 	pthread_mutex_lock(&slots_lock);
+	resume_stop();
 	for (i = 0; i < slot_count(); i++)
 		if (slot_get(i)->busy && slot_get(i)->fd != -1)
 			shutdown(slot_get(i)->fd, SHUT_RDWR);
@@ -284,6 +290,8 @@ serve(const struct mr_config *cfg)
 	struct sigaction sa;
 	enum be_isolation iso;
 	char err[PROTO_ERRLEN], peer[64];
+	struct pollfd *pfds = NULL;
+	int *pslots = NULL;
 	uint32_t next_id = 1, max_startups;
 	int lfd = -1, port = 0, rc = -1;
 
@@ -353,9 +361,13 @@ serve(const struct mr_config *cfg)
 	if (cfg->on_listen != NULL)
 		cfg->on_listen(cfg->host, port, cfg->on_listen_arg);
 
+	if ((pfds = calloc(slot_count() + 1, sizeof(*pfds))) == NULL ||
+	    (pslots = calloc(slot_count() + 1, sizeof(*pslots))) == NULL) {
+		log_warn("out of memory");
+		goto out;
+	}
 	while (!stopping) {
-		struct pollfd pfd = { lfd, POLLIN, 0 };
-		int fd, slot, n, full;
+		int fd, slot, n, i, nctl, full;
 
 		if (iso == BE_ISOLATE_PROCESS)
 			reap(0);
@@ -364,8 +376,24 @@ serve(const struct mr_config *cfg)
 			cfg->on_hup(cfg->on_hup_arg);
 		}
 		mr_log_handshake_flush();
-		n = poll(&pfd, 1, 500);
+		/* The listening socket, and the control sockets a session
+		 * passes a resuming connection up (resume.c). */
+		pthread_mutex_lock(&slots_lock);
+		resume_sweep();
+		pfds[0].fd = lfd;
+		pfds[0].events = POLLIN;
+		pfds[0].revents = 0;
+		nctl = resume_pollfds(pfds + 1, pslots, (int)slot_count());
+		pthread_mutex_unlock(&slots_lock);
+		n = poll(pfds, (nfds_t)nctl + 1, 500);
 		if (n <= 0)
+			continue;
+		pthread_mutex_lock(&slots_lock);
+		for (i = 0; i < nctl; i++)
+			if (pfds[i + 1].revents & POLLIN)
+				resume_route(pslots[i]);
+		pthread_mutex_unlock(&slots_lock);
+		if (!(pfds[0].revents & POLLIN))
 			continue;
 		if ((fd = net_accept(lfd, peer, sizeof(peer))) == -1)
 			continue;
@@ -400,6 +428,9 @@ serve(const struct mr_config *cfg)
 			continue;
 		}
 		log_info("session %u: connected from %s", next_id, peer);
+		if (resume_open(cfg, slot) == -1)
+			log_warn("session %u: no control socket (%s): it cannot "
+			    "be resumed", next_id, strerror(errno));
 		if (iso == BE_ISOLATE_PROCESS) {
 			pid_t pid = fork();
 			if (pid == 0)
@@ -408,10 +439,12 @@ serve(const struct mr_config *cfg)
 			if (pid == -1) {
 				log_warn("fork: %s", strerror(errno));
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
+				resume_forked(slot);
 				slot_free(slot);
 				nactive--;
 			} else {
 				slot_get(slot)->pid = pid;
+				resume_forked(slot);
 				close(fd);
 			}
 		} else {
@@ -430,6 +463,7 @@ serve(const struct mr_config *cfg)
 				log_warn("cannot start a session thread");
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
 				pthread_mutex_lock(&slots_lock);
+				resume_forked(slot);
 				slot_free(slot);
 				nactive--;
 				pthread_mutex_unlock(&slots_lock);
@@ -443,10 +477,14 @@ serve(const struct mr_config *cfg)
 	close(lfd);
 	lfd = -1;
 	stop_sessions(iso);
+	if (nactive == 0)
+		resume_close();
 	rc = 0;
 out:
 	if (lfd != -1)
 		close(lfd);
+	free(pfds);
+	free(pslots);
 	ctx.be->close();
 	if (nactive == 0)
 		slot_unmap();

@@ -53,10 +53,8 @@ sess_flush(struct session *s)
 {
 	if (s->outlen == 0)
 		return 0;
-	if (net_send_all(s->fd, s->out, s->outlen) == -1) {
-		log_info("session %u: send failed: %s", s->id, strerror(errno));
+	if (resume_send(s, s->out, s->outlen, NULL, 0) == -1)
 		return -1;
-	}
 	s->bytes_out += s->outlen;
 	s->outlen = 0;
 	return 0;
@@ -241,6 +239,8 @@ need(struct session *s, size_t n, int boundary)
 	ssize_t r;
 
 	while (s->inlen - s->inoff < n) {
+		if (s->linkdown)
+			return -1;
 		/* Make room only when the buffer is full, and then by at most
 		 * doubling: memory follows the bytes that arrived, never the
 		 * size a header declares. */
@@ -264,8 +264,9 @@ need(struct session *s, size_t n, int boundary)
 			    cfg->idle_timeout);
 			return -1;
 		}
-		r = net_recv(s->fd, s->in + s->inlen, s->incap - s->inlen);
+		r = resume_recv(s, s->in + s->inlen, s->incap - s->inlen);
 		if (r == 0) {
+			s->linkdown = 1;
 			if (boundary && s->inlen == s->inoff)
 				return 0;
 			log_info("session %u: connection closed mid-frame",
@@ -274,16 +275,19 @@ need(struct session *s, size_t n, int boundary)
 		}
 		if (r < 0) {
 			if (errno != EAGAIN && errno != EWOULDBLOCK) {
-				log_info("session %u: recv: %s", s->id,
-				    strerror(errno));
+				if (!s->linkdown)
+					log_info("session %u: recv: %s", s->id,
+					    strerror(errno));
+				s->linkdown = 1;
 				return -1;
 			}
 			if (boundary && s->inlen == s->inoff &&
 			    (cfg->idle_timeout == 0 || time(NULL) -
 			    s->last_active < cfg->idle_timeout))
 				continue;
+			s->linkdown = 1;
 			log_warn("session %u: client stalled %s for %d s; "
-			    "ending the session", s->id, boundary &&
+			    "ending the link", s->id, boundary &&
 			    s->inlen == s->inoff ? "between frames" :
 			    "mid-frame", boundary && s->inlen == s->inoff ?
 			    cfg->idle_timeout : cfg->frame_timeout);
@@ -313,12 +317,13 @@ sess_take(struct session *s, uint8_t *dst, uint64_t count)
 		return -1;
 	while (count > 0) {
 		if (dst != NULL)
-			r = net_recv(s->fd, dst, (size_t)count);
+			r = resume_recv(s, dst, (size_t)count);
 		else {
 			s->inoff = s->inlen = 0;
-			r = net_recv(s->fd, s->in, (size_t)min64(count, s->incap));
+			r = resume_recv(s, s->in, (size_t)min64(count, s->incap));
 		}
 		if (r <= 0) {
+			s->linkdown = 1;
 			log_info("session %u: connection %s mid-frame", s->id,
 			    r == 0 ? "closed" : "stalled");
 			return -1;
@@ -381,7 +386,8 @@ answered(const struct proto_hdr *h)
 	switch (h->type) {
 	case PROTO_THELLO: case PROTO_TAUTH: case PROTO_TPING:
 	case PROTO_TSYNC: case PROTO_TREAD: case PROTO_TCLOCK:
-	case PROTO_TPROFILE: case PROTO_THAVE:
+	case PROTO_TPROFILE: case PROTO_THAVE: case PROTO_TRESUMEKEY:
+	case PROTO_TRESUME:
 		return 1;
 	case PROTO_TLAUNCH: case PROTO_TGRAPHRUN:
 		return (h->flags & PROTO_FWAIT) != 0;
@@ -460,6 +466,12 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	case PROTO_TWRITEHASH:
 		rc = sess_writehash(s, &m->twritehash);
 		break;
+	case PROTO_TRESUMEKEY:
+		rc = resume_key(s, &m->tresumekey);
+		break;
+	case PROTO_TRESUME:
+		rc = resume_request(s, &m->tresume);
+		break;
 	default:	/* proto_check_hdr admits only the types above */
 		return sess_fatal(s, m->h.tag, PROTO_EPROTO,
 		    "unexpected type") == -1 ? -2 : 0;
@@ -500,6 +512,11 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		goto done;
 	}
 	for (;;) {
+		/* A link that failed (anywhere below) ends the session, unless
+		 * the client resumes it: then the loop goes on from the first
+		 * request it had not processed (resume.c). */
+		if (s->linkdown && resume_wait(s) == -1)
+			break;
 		/* Keep an idle session small after a large frame. */
 		if (s->inoff == s->inlen && s->incap > 4 * IN_MIN) {
 			free(s->in);
@@ -508,8 +525,11 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 			if (sess_grow(&s->in, &s->incap, IN_MIN) == -1)
 				break;
 		}
-		if ((rc = need(s, PROTO_HDR_SIZE, 1)) <= 0)
+		if ((rc = need(s, PROTO_HDR_SIZE, 1)) <= 0) {
+			if (s->linkdown)
+				continue;
 			break;
+		}
 		s->last_active = time(NULL);
 		proto_get_hdr(s->in + s->inoff, &m.h);
 		if (proto_check_hdr(&m.h, s->maxmsg, s->err) == -1) {
@@ -519,8 +539,11 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		s->nreq++;
 		s->nreply += answered(&m.h);
 		fixed = proto_fixed_size(m.h.type);
-		if (need(s, fixed, 0) <= 0)
+		if (need(s, fixed, 0) <= 0) {
+			if (s->linkdown)
+				continue;
 			break;
+		}
 		if (proto_get(s->in + s->inoff, fixed, &m, s->err) == -1 ||
 		    proto_check_size(&m, s->err) == -1) {
 			sess_fatal(s, m.h.tag, PROTO_EPROTO, s->err);
@@ -536,16 +559,24 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		}
 		if (m.h.type == PROTO_TWRITE) {
 			s->inoff += fixed;
-			if (sess_write(s, &m.twrite) == -2)
+			if (sess_write(s, &m.twrite) == -2) {
+				if (s->linkdown)	/* it comes again whole */
+					continue;
 				break;
+			}
+			s->nproc++;
 			continue;
 		}
-		if (need(s, m.h.size, 0) <= 0)
+		if (need(s, m.h.size, 0) <= 0) {
+			if (s->linkdown)
+				continue;
 			break;
+		}
 		rc = dispatch(s, &m, s->in + s->inoff, peer);
 		s->inoff += m.h.size;
 		if (rc == -2)
 			break;
+		s->nproc++;
 	}
 	sess_drain_errors(s);
 	sess_flush(s);
@@ -570,8 +601,10 @@ done:
 		s->be->session_close(s->bs);
 	sess_prof_free(s);
 	cache_link_close(s->cache);
+	resume_end(s);
 	mr_session_leave(slot);
-	close(fd);
+	if (s->fd != -1)
+		close(s->fd);
 	free(s->in);
 	free(s->out);
 	free(s->errq);

@@ -86,6 +86,11 @@ struct session {
 	struct cache_link *cache;	/* cachelink.c: NULL without a cache */
 	uint64_t cache_in, cache_stored;	/* bytes from and into it */
 
+	struct resume *rs;	/* resume.c: NULL unless the session took a key */
+	uint64_t nproc;		/* requests processed since the handshake */
+	int linkdown;		/* the connection failed (resume.c may replace it) */
+	int handed;		/* a Tresume passed this connection on */
+
 	char err[PROTO_ERRLEN];
 };
 
@@ -113,6 +118,7 @@ int sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
     const char *what);
 
 /* handshake.c */
+void sess_random(uint8_t *p, size_t n);
 int sess_hello(struct session *s, const union proto_msg *m);
 int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
 
@@ -159,5 +165,22 @@ uint64_t sess_prof_now(struct session *s);
 void sess_prof_free(struct session *s);
 int sess_clock(struct session *s, const union proto_msg *m);
 int sess_profile(struct session *s, const struct proto_tprofile *t);
+
+/* resume.c */
+int resume_offered(const struct session *s);	/* CAP_RESUME */
+int resume_key(struct session *s, const struct proto_tresumekey *t);
+int resume_request(struct session *s, const struct proto_tresume *t);
+/* Send a then b (the output buffer, a large Rread's data), logging them
+ * for a resume; a failed send marks the link down and, in a session that
+ * may be resumed, is not an error. */
+int resume_send(struct session *s, const void *a, size_t alen, const void *b,
+    size_t blen);
+/* recv() that also notices a resume arriving while the link stands. */
+ssize_t resume_recv(struct session *s, void *buf, size_t len);
+/* The link is down: wait for a resume. 0: resumed on a new connection,
+ * with the input buffer empty; -1: the session ends. */
+int resume_wait(struct session *s);
+void resume_free(struct session *s);
+void resume_end(struct session *s);
 
 #endif

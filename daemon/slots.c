@@ -66,7 +66,7 @@ slot_init(uint32_t nsessions, uint32_t nstartups, uint64_t limit)
 	sh->max_sessions = nsessions;
 	sh->nslots = nslots;
 	for (i = 0; i < nslots; i++)
-		sh->slots[i].fd = -1;
+		sh->slots[i].fd = sh->slots[i].ctl = -1;
 	shared = sh;
 	shared_len = len;
 	return 0;
@@ -242,7 +242,7 @@ slot_free(int i)
 	leave(i, SLOT_STARTING);	/* ready for the next connection */
 	sl->busy = 0;
 	sl->pid = 0;
-	sl->fd = -1;
+	sl->fd = sl->ctl = -1;
 }
 
 int

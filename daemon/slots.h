@@ -21,6 +21,8 @@ struct slot {
 	_Atomic int stage;	/* enum slot_stage, set by the session */
 	pid_t pid;		/* process isolation: the session's process */
 	int fd;			/* thread isolation: the session's socket */
+	int ctl;		/* the session's end of its control socket
+				 * (resume.c), or -1 */
 	uint32_t id;
 	int busy;
 };

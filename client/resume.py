@@ -1,0 +1,150 @@
+"""Sessions that survive a dropped link (protocol.md, "Resuming a session"): the client's side of it.
+
+When the runner offers CAP_RESUME, a Runner asks for the session's resume key (Tresumekey, pipelined with the first requests, so it
+costs no round trip) and from then on keeps two counts and a log:
+  - every request handed to the socket, copied (the caller may reuse its memory), until a reply shows the runner processed it: a
+    reply or Rerror to request t means every request up to t was processed, since the runner takes them one at a time, in order.
+    When the log passes WINDOW bytes (a large upload with no reply to trim it) a Tping goes out without waiting; past twice that
+    the client waits for its Rping, so the log stays bounded and a large upload costs no extra round trip;
+  - the bytes of whole frames received since the handshake.
+When the socket fails (an error or end of stream; a timeout is not a dropped link and still raises), resume() connects again with
+backoff, does the handshake (Thello, Tauth with the same token), proves it holds the key with Tresume, and on Rresume sends again
+the requests the runner had not processed; the runner sends again the reply bytes the client had not received. It raises
+RunnerConnectionError only when the runner refuses (ERESUME: the session ended or its grace period passed; EAUTH) or the grace
+period the runner announced is over.
+"""
+from __future__ import annotations
+import collections, hashlib, hmac, os, socket, struct, time
+from . import protocol as P
+
+WINDOW = 16 << 20   # bytes of requests not known to be processed before a Tping asks how far the runner got
+LABEL_CLIENT, LABEL_SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
+
+class Replay:
+  """The requests sent since the last one known to be processed, and the counts a Tresume carries."""
+  def __init__(self):
+    self.key: dict|None = None   # the Rresumekey fields (secret, grace, log) once it arrived
+    self.starts: collections.deque = collections.deque()  # (tag, stream offset of its first byte), per request not known processed
+    self.chunks: collections.deque = collections.deque()  # the request bytes handed to the socket, from stream offset base on
+    self.base = self.sent = self.held = 0   # sent: request bytes handed to the socket; held: bytes in chunks
+    self.acked = 0      # requests known to be processed
+    self.received = 0   # bytes of whole frames received
+    self.ping: int|None = None  # the tag of the Tping sent to trim the log, until the runner has processed it
+
+  def log(self, bufs):
+    for b in bufs:
+      if (n := b.nbytes if isinstance(b, memoryview) else len(b)):
+        self.chunks.append(bytes(b))
+        self.sent, self.held = self.sent + n, self.held + n
+
+  def frame(self, t:int, size:int, tag:int, f:dict, pending:int):
+    """A whole frame arrived: count it, and drop the requests it shows were processed. pending: bytes queued but not sent."""
+    self.received += size
+    if t == P.RRESUMEKEY and f.get("grace"): self.key = f
+    st = self.starts
+    if not st or (i := (tag - st[0][0]) & 0xffffffff) >= len(st): return
+    if self.ping is not None and (self.ping - st[0][0]) & 0xffffffff <= i: self.ping = None
+    for _ in range(i + 1): st.popleft()
+    self.acked += i + 1
+    self.trim(min(st[0][1] if st else self.sent + pending, self.sent))
+
+  def trim(self, to:int):
+    while self.chunks and self.base + len(self.chunks[0]) <= to:
+      c = self.chunks.popleft()
+      self.base, self.held = self.base + len(c), self.held - len(c)
+    if self.chunks and self.base < to:
+      k = to - self.base
+      self.chunks[0] = memoryview(self.chunks[0])[k:]
+      self.base, self.held = to, self.held - k
+
+  def nsent(self) -> int:
+    """Requests handed to the socket (the ones still queued in the send buffer start at or after self.sent)."""
+    n = len(self.starts)
+    while n and self.starts[n - 1][1] >= self.sent: n -= 1
+    return self.acked + n
+
+  def rewind(self, processed:int) -> list:
+    """The runner processed this many requests: drop those, and return the bytes of the others that were sent, to send again."""
+    if not self.acked <= processed <= (n := self.nsent()):
+      raise ValueError(f"the runner says it processed {processed} requests; the client sent {n} and knew {self.acked} processed")
+    for _ in range(processed - self.acked): self.starts.popleft()
+    self.acked = processed
+    self.trim(min(self.starts[0][1], self.sent) if self.starts else self.sent)
+    return list(self.chunks)
+
+def _exchange(r, frame:bytes, rtype:int, name:str) -> dict:
+  """One request of the resume handshake on r.sock, and its reply; an Rerror is raised."""
+  r.sock.sendall(frame)
+  r._bsent, r._nreq, r._nrt, r._nwait = r._bsent + len(frame), r._nreq + 1, r._nrt + 1, r._nwait + 1
+  t, f, data = r._recv_frame(time.monotonic() + r.connect_timeout, None)
+  if t == P.RERROR:
+    from .connection import RunnerError
+    raise RunnerError(r.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], name)
+  if t != rtype: raise ValueError(f"{P.TYPE_NAMES[t]} in answer to {name}")
+  return f
+
+def _attempt(r, rs:Replay, deadline:float) -> list:
+  """Connect, handshake and Tresume once; returns the request bytes to send again."""
+  from .connection import RunnerError, AUTH_CLIENT, AUTH_SERVER, parse_addr
+  key = rs.key
+  r.sock = socket.create_connection(parse_addr(r.addr), timeout=max(0.1, min(r.connect_timeout, deadline - time.monotonic())))
+  r.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  r._rpos = r._rlen = 0
+  r._set_timeout(r.connect_timeout)
+  h = _exchange(r, P.pack(P.THELLO, 0, magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG), P.RHELLO, "Thello")
+  if h["magic"] != P.MAGIC or not h["caps"] & P.CAP_RESUME:
+    raise RunnerError(r.addr, P.ERESUME, "the server at this address does not resume sessions (any more)", None, "Tresume")
+  if h["caps"] & P.CAP_AUTH:
+    cn = os.urandom(P.NONCE_SIZE)
+    if r._token is None: raise RunnerError(r.addr, P.EAUTH, "the runner now requires a token; this connection had none", None, "Tauth")
+    a = _exchange(r, P.pack(P.TAUTH, 0, cnonce=cn, mac=hmac.new(r._token, AUTH_CLIENT + h["nonce"] + cn, hashlib.sha256).digest()),
+                  P.RAUTH, "Tauth")
+    if not hmac.compare_digest(a["mac"], hmac.new(r._token, AUTH_SERVER + cn + h["nonce"], hashlib.sha256).digest()):
+      raise RunnerError(r.addr, P.EAUTH, "the runner's Rauth mac is wrong: it does not hold the token", None, "Tauth")
+  cnonce, sent = os.urandom(P.NONCE_SIZE), rs.nsent()
+  mac = hmac.new(key["secret"], LABEL_CLIENT + h["nonce"] + cnonce + struct.pack("<IQQ", r.info.session, sent, rs.received),
+                 hashlib.sha256).digest()
+  f = _exchange(r, P.pack(P.TRESUME, 0, session=r.info.session, sent=sent, received=rs.received, cnonce=cnonce, mac=mac),
+                P.RRESUME, f"Tresume session={r.info.session}")
+  if not hmac.compare_digest(f["mac"], hmac.new(key["secret"], LABEL_SERVER + cnonce + h["nonce"], hashlib.sha256).digest()):
+    raise RunnerError(r.addr, P.EAUTH, "the runner's Rresume mac is wrong: it does not hold the session's key", None, "Tresume")
+  try: return rs.rewind(f["processed"])
+  except ValueError as e: raise RunnerError(r.addr, P.ERESUME, str(e), None, "Tresume") from None
+
+def resume(r, why, desc):
+  """r's link failed with why: resume the session on a new connection, or raise RunnerConnectionError."""
+  from .connection import RunnerError
+  rs = r._rs
+  if rs.key is None: r._lost(why, desc)   # the runner's key had not arrived: nothing to resume with
+  try: r.sock.close()
+  except OSError: pass
+  grace = rs.key["grace"]
+  deadline, delay, last = time.monotonic() + grace, 0.05, why
+  while True:
+    r._rs = None   # the handshake's frames are not the session's stream
+    try:
+      again = _attempt(r, rs, deadline)
+      r._rs = rs
+      r._set_timeout(r.timeout)
+      for c in again:
+        r.sock.sendall(c)
+        r._bsent += len(c)
+      r._nresume += 1
+      return
+    except RunnerError as e:
+      if e.code != P.ELIMIT:  # refused: the session is gone, or the proof failed
+        r._rs = rs
+        r._lost(f"the link dropped ({why}) and the runner refused to resume the session: {e.code_name}: {e.text}", desc)
+      last = e
+    except ConnectionRefusedError as e:
+      r._rs = rs
+      r._lost(f"the link dropped ({why}) and the runner no longer listens ({e}): the session is lost", desc)
+    except (OSError, EOFError, ValueError) as e: last = e
+    r._rs = rs
+    try: r.sock.close()
+    except (OSError, AttributeError): pass
+    if time.monotonic() + delay >= deadline:
+      r._lost(f"the link dropped ({why}) and the session was not resumed within the runner's {grace} s grace period "
+              f"(last attempt: {last})", desc)
+    time.sleep(delay)
+    delay = min(2 * delay, 1.0)

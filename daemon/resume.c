@@ -1,0 +1,708 @@
+/*
+ * resume.c: sessions that survive a dropped link.
+ *
+ * A session that asked for a resume key (Tresumekey) does not end when
+ * its connection fails: it waits up to --resume-grace seconds for its
+ * client to come back on a new connection and prove, with an HMAC under
+ * the key over the new connection's fresh nonce, that it is the client
+ * that holds the key (Tresume). Both sides count: the runner the requests
+ * it has processed since the handshake and the bytes of replies it has
+ * sent, the client the requests it has sent and the bytes of whole
+ * replies it has received. The runner processes a connection's requests
+ * one at a time and in order, so "processed N" says exactly which of the
+ * client's requests to send again, and "received B" which reply bytes.
+ * Nothing is run twice: a request is counted once its handler returned
+ * (a Twrite whose data was cut off is not, and comes again whole).
+ *
+ * What the runner keeps for that: the last --resume-log bytes it sent
+ * (a ring, logged as the bytes go out), and the count. A resume that
+ * needs bytes older than the ring is refused with ERESUME and the session
+ * ends; a client keeps its replies within the ring by splitting large
+ * reads (protocol.md, Resuming a session).
+ *
+ * How a new connection reaches the session: the connection does its
+ * handshake in a session of its own, like any other (server.c), whose
+ * Tresume sends it, with the socket (SCM_RIGHTS), up a control socket to
+ * the accept loop; the accept loop passes it down the control socket of
+ * the session the Tresume names, and the named session checks the proof
+ * itself. So the accept loop reads nothing from a client and never sees a
+ * key; a session process needs no more system calls than sendmsg and
+ * recvmsg, which it has (confine.c). Thread isolation works the same way,
+ * with both ends of each control socket in one process.
+ */
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "resume.h"
+#include "session.h"
+#include "slots.h"
+
+/* Message boundaries, and an end that wakes the other side when closed. */
+#ifdef __linux__
+#define CTL_TYPE SOCK_SEQPACKET
+#else
+#define CTL_TYPE SOCK_STREAM	/* fixed-size messages; read whole */
+#endif
+
+static const char resume_client[] = "metal_runner-resume-v1 client";
+static const char resume_server[] = "metal_runner-resume-v1 server";
+
+struct resume {
+	uint8_t secret[PROTO_MAC_SIZE];
+	uint8_t *ring;		/* the last bytes sent, up to cap */
+	size_t cap, held, head;	/* head: where the next byte goes */
+	uint64_t total;		/* bytes sent since the key was issued */
+	size_t skip;		/* bytes of the output buffer that precede the
+				 * key (handshake replies): not the session's */
+	int switched;		/* a resume replaced the link while it served */
+	int lost;		/* a proven resume could not be honoured */
+	uint32_t resumes;
+};
+
+/* What a connection's Tresume sends up to the accept loop and down to the
+ * session it names, with the connection's socket. */
+struct handover {
+	uint32_t target;
+	uint32_t tag;
+	uint8_t snonce[PROTO_NONCE_SIZE];
+	uint64_t sent, received;
+	uint8_t cnonce[PROTO_NONCE_SIZE];
+	uint8_t mac[PROTO_MAC_SIZE];
+	char peer[64];
+};
+
+/* The accept loop's ends of the control sockets, by slot, and the
+ * sessions' ends until the session has them (a session process may end,
+ * and clear its slot, before the accept loop closes its copy). */
+static int *pctl, *sctl;
+static uint32_t npctl;
+
+static int64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int
+send_fd(int ctl, const struct handover *h, int fd)
+{
+	union {
+		struct cmsghdr c;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = { (void *)h, sizeof(*h) };
+	struct msghdr msg;
+	struct cmsghdr *c;
+	ssize_t n;
+
+	memset(&msg, 0, sizeof(msg));
+	memset(&u, 0, sizeof(u));
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = u.buf;
+	msg.msg_controllen = sizeof(u.buf);
+	c = CMSG_FIRSTHDR(&msg);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SCM_RIGHTS;
+	c->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(c), &fd, sizeof(int));
+	do
+		n = sendmsg(ctl, &msg, MSG_DONTWAIT);
+	while (n == -1 && errno == EINTR);
+	return n == (ssize_t)sizeof(*h) ? 0 : -1;
+}
+
+/* One handover and its socket: 0, or -1 (nothing, or no socket came). */
+static int
+recv_fd(int ctl, struct handover *h, int *fd)
+{
+	union {
+		struct cmsghdr c;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = { h, sizeof(*h) };
+	struct msghdr msg;
+	struct cmsghdr *c;
+	ssize_t n;
+	int flags = MSG_DONTWAIT;
+
+#ifdef MSG_CMSG_CLOEXEC
+	flags |= MSG_CMSG_CLOEXEC;
+#endif
+	*fd = -1;
+	memset(&msg, 0, sizeof(msg));
+	msg.msg_iov = &iov;
+	msg.msg_iovlen = 1;
+	msg.msg_control = u.buf;
+	msg.msg_controllen = sizeof(u.buf);
+	do
+		n = recvmsg(ctl, &msg, flags);
+	while (n == -1 && errno == EINTR);
+	if (n <= 0)
+		return -1;
+	for (c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+		    c->cmsg_len >= CMSG_LEN(sizeof(int)))
+			memcpy(fd, CMSG_DATA(c), sizeof(int));
+	if (n != (ssize_t)sizeof(*h) || *fd == -1) {
+		if (*fd != -1)
+			close(*fd);
+		*fd = -1;
+		return -1;
+	}
+	h->peer[sizeof(h->peer) - 1] = '\0';
+	return 0;
+}
+
+/* Answer a connection that is not resumed, then close it. */
+static void
+refuse(int fd, uint32_t tag, uint32_t code, const char *text)
+{
+	uint8_t frame[PROTO_HDR_SIZE + 8 + 256];
+	size_t n = proto_put_rerror(frame, sizeof(frame), tag, code, text);
+
+	net_send_all(fd, frame, n);
+	close(fd);
+}
+
+/*
+ * The accept loop's part.
+ */
+
+int
+resume_open(const struct mr_config *cfg, int slot)
+{
+	struct slot *sl = slot_get((uint32_t)slot);
+	int sv[2];
+	uint32_t i;
+
+	if (cfg->resume_grace <= 0)
+		return 0;
+	if (pctl == NULL) {
+		pctl = calloc(slot_count(), sizeof(*pctl));
+		sctl = calloc(slot_count(), sizeof(*sctl));
+		if (pctl == NULL || sctl == NULL) {
+			free(pctl);
+			free(sctl);
+			pctl = sctl = NULL;
+			return -1;
+		}
+		npctl = slot_count();
+		for (i = 0; i < npctl; i++)
+			pctl[i] = sctl[i] = -1;
+	}
+	if (socketpair(AF_UNIX, CTL_TYPE, 0, sv) == -1)
+		return -1;
+	fcntl(sv[0], F_SETFD, FD_CLOEXEC);
+	fcntl(sv[1], F_SETFD, FD_CLOEXEC);
+	fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+	pctl[slot] = sv[0];
+	sl->ctl = sctl[slot] = sv[1];
+	return 0;
+}
+
+void
+resume_child(void)
+{
+	uint32_t i;
+
+	for (i = 0; pctl != NULL && i < npctl; i++)
+		if (pctl[i] != -1) {
+			close(pctl[i]);
+			pctl[i] = -1;
+		}
+}
+
+void
+resume_forked(int slot)
+{
+	/* The number stays in the table: it is the child's. */
+	if (sctl != NULL && sctl[slot] != -1) {
+		close(sctl[slot]);
+		sctl[slot] = -1;
+	}
+}
+
+void
+resume_sweep(void)
+{
+	uint32_t i;
+
+	for (i = 0; pctl != NULL && i < npctl; i++)
+		if (pctl[i] != -1 && !slot_get(i)->busy) {
+			close(pctl[i]);
+			pctl[i] = -1;
+		}
+}
+
+int
+resume_pollfds(struct pollfd *p, int *slots, int max)
+{
+	uint32_t i;
+	int n = 0;
+
+	for (i = 0; pctl != NULL && i < npctl && n < max; i++)
+		if (pctl[i] != -1 && slot_get(i)->busy) {
+			p[n].fd = pctl[i];
+			p[n].events = POLLIN;
+			p[n].revents = 0;
+			slots[n++] = (int)i;
+		}
+	return n;
+}
+
+void
+resume_route(int from)
+{
+	struct handover h;
+	uint32_t i;
+	int fd;
+
+	if (pctl == NULL || pctl[from] == -1 || recv_fd(pctl[from], &h, &fd) ==
+	    -1)
+		return;
+	for (i = 0; i < npctl; i++) {
+		struct slot *sl = slot_get(i);
+		if ((int)i != from && sl->busy && sl->id == h.target &&
+		    pctl[i] != -1 && atomic_load(&sl->stage) == SLOT_SESSION)
+			break;
+	}
+	if (i == npctl) {
+		log_info("resume of session %u from %s: no such session",
+		    h.target, h.peer);
+		refuse(fd, h.tag, PROTO_ERESUME, "no session with that number "
+		    "to resume: it never existed, ended, or was not resumed "
+		    "within the runner's grace period");
+		return;
+	}
+	if (send_fd(pctl[i], &h, fd) == -1) {
+		refuse(fd, h.tag, PROTO_ERESUME, "the session is busy with "
+		    "another resume; try again");
+		return;
+	}
+	close(fd);	/* the session has its own copy now */
+}
+
+void
+resume_stop(void)
+{
+	uint32_t i;
+
+	for (i = 0; pctl != NULL && i < npctl; i++)
+		if (pctl[i] != -1)
+			shutdown(pctl[i], SHUT_RDWR);
+}
+
+void
+resume_close(void)
+{
+	uint32_t i;
+
+	for (i = 0; pctl != NULL && i < npctl; i++)
+		if (pctl[i] != -1)
+			close(pctl[i]);
+	free(pctl);
+	free(sctl);
+	pctl = sctl = NULL;
+	npctl = 0;
+}
+
+/*
+ * The session's part.
+ */
+
+static int
+ctl_fd(const struct session *s)
+{
+	return s->slot >= 0 ? slot_get((uint32_t)s->slot)->ctl : -1;
+}
+
+int
+resume_offered(const struct session *s)
+{
+	return s->ctx->cfg->resume_grace > 0 && ctl_fd(s) != -1;
+}
+
+static void
+ring_put(struct resume *rs, const uint8_t *p, size_t n)
+{
+	size_t k;
+
+	rs->total += n;
+	if (n >= rs->cap) {	/* only the tail fits */
+		memcpy(rs->ring, p + n - rs->cap, rs->cap);
+		rs->head = 0;
+		rs->held = rs->cap;
+		return;
+	}
+	k = min64(n, rs->cap - rs->head);
+	memcpy(rs->ring + rs->head, p, k);
+	memcpy(rs->ring, p + k, n - k);
+	rs->head = (rs->head + n) % rs->cap;
+	rs->held = (size_t)min64(rs->held + n, rs->cap);
+}
+
+int
+resume_send(struct session *s, const void *a, size_t alen, const void *b,
+    size_t blen)
+{
+	struct resume *rs = s->rs;
+
+	if (rs != NULL) {
+		size_t skip = (size_t)min64(rs->skip, alen);
+		rs->skip -= skip;
+		ring_put(rs, (const uint8_t *)a + skip, alen - skip);
+		if (blen > 0)
+			ring_put(rs, b, blen);
+	}
+	if (s->linkdown)
+		return rs != NULL ? 0 : -1;
+	if (net_sendv_all(s->fd, a, alen, b, blen) == 0)
+		return 0;
+	log_info("session %u: send failed: %s", s->id, strerror(errno));
+	/* The bytes are in the ring: they go again on a resume. */
+	s->linkdown = 1;
+	return rs != NULL ? 0 : -1;
+}
+
+static void
+put_le(uint8_t *p, uint64_t v, int n)
+{
+	int i;
+
+	for (i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void
+client_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
+{
+	uint8_t msg[sizeof(resume_client) + 2 * PROTO_NONCE_SIZE + 20];
+	size_t l = strlen(resume_client);
+
+	memcpy(msg, resume_client, l);
+	memcpy(msg + l, h->snonce, PROTO_NONCE_SIZE);
+	memcpy(msg + l + 32, h->cnonce, PROTO_NONCE_SIZE);
+	put_le(msg + l + 64, h->target, 4);
+	put_le(msg + l + 68, h->sent, 8);
+	put_le(msg + l + 76, h->received, 8);
+	hmac_sha256(rs->secret, sizeof(rs->secret), msg, l + 84, out);
+}
+
+static void
+server_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
+{
+	uint8_t msg[sizeof(resume_server) + 2 * PROTO_NONCE_SIZE];
+	size_t l = strlen(resume_server);
+
+	memcpy(msg, resume_server, l);
+	memcpy(msg + l, h->cnonce, PROTO_NONCE_SIZE);
+	memcpy(msg + l + 32, h->snonce, PROTO_NONCE_SIZE);
+	hmac_sha256(rs->secret, sizeof(rs->secret), msg, l + 64, out);
+}
+
+/* A proven resume the session cannot honour: the session is lost. */
+static int
+lose(struct session *s, const struct handover *h, int fd, const char *text)
+{
+	log_warn("session %u: resume from %s refused, the session ends: %s",
+	    s->id, h->peer, text);
+	refuse(fd, h->tag, PROTO_ERESUME, text);
+	s->rs->lost = 1;
+	s->linkdown = 1;
+	return -1;
+}
+
+/*
+ * Take one handover from the control socket and answer it. 1: the session
+ * now serves the new connection (and has sent it Rresume and the replies
+ * it missed); 0: refused, nothing changed; -1: the session is lost, or the
+ * runner is stopping.
+ */
+static int
+take_handover(struct session *s)
+{
+	struct resume *rs = s->rs;
+	struct handover h;
+	union proto_msg r;
+	uint8_t want[32], frame[sizeof(struct proto_rresume)], diff = 0;
+	char text[256];
+	uint64_t back;
+	size_t i, start;
+	int fd;
+
+	if (recv_fd(ctl_fd(s), &h, &fd) == -1) {
+		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
+		/* Nothing to read and the other end gone: stopping. */
+		return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))
+		    ? -1 : 0;
+	}
+	client_mac(rs, &h, want);
+	for (i = 0; i < sizeof(want); i++)	/* constant time */
+		diff |= want[i] ^ h.mac[i];
+	if (diff != 0 || h.target != s->id) {
+		log_warn("session %u: resume from %s refused: wrong proof",
+		    s->id, h.peer);
+		refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong proof "
+		    "of the session's resume key");
+		return 0;
+	}
+	/* Output not yet sent belongs to the stream before the resume. */
+	s->linkdown = 1;
+	if (s->outlen > 0) {
+		resume_send(s, s->out, s->outlen, NULL, 0);
+		s->outlen = 0;
+	}
+	if (h.sent < s->nproc) {
+		snprintf(text, sizeof(text), "the client says it sent %llu "
+		    "requests, but the runner processed %llu",
+		    (unsigned long long)h.sent, (unsigned long long)s->nproc);
+		return lose(s, &h, fd, text);
+	}
+	if (h.received > rs->total) {
+		snprintf(text, sizeof(text), "the client says it received %llu "
+		    "bytes of replies, but the runner sent %llu",
+		    (unsigned long long)h.received,
+		    (unsigned long long)rs->total);
+		return lose(s, &h, fd, text);
+	}
+	if ((back = rs->total - h.received) > rs->held) {
+		snprintf(text, sizeof(text), "the replies the client missed "
+		    "(%llu bytes) are no longer held: the runner keeps the last "
+		    "%zu (--resume-log)", (unsigned long long)back, rs->cap);
+		return lose(s, &h, fd, text);
+	}
+	if (s->fd != -1) {	/* the old link still stood: the proof wins */
+		log_info("session %u: closing its old connection for a resume",
+		    s->id);
+		shutdown(s->fd, SHUT_RDWR);
+		close(s->fd);
+	}
+	s->fd = fd;
+	slot_get((uint32_t)s->slot)->fd = fd;
+	s->inlen = s->inoff = 0;
+	s->linkdown = 0;
+	rs->resumes++;
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RRESUME;
+	r.h.size = sizeof(frame);
+	r.h.tag = h.tag;
+	r.rresume.processed = s->nproc;
+	server_mac(rs, &h, r.rresume.mac);
+	proto_put(frame, sizeof(frame), &r);
+	/* The ring's bytes from received on: one or two pieces. */
+	start = (rs->head + rs->cap - (size_t)back) % rs->cap;
+	if (net_sendv_all(fd, frame, sizeof(frame), rs->ring + start,
+	    (size_t)min64(back, rs->cap - start)) == -1 ||
+	    (back > rs->cap - start && net_send_all(fd, rs->ring,
+	    (size_t)(back - (rs->cap - start))) == -1))
+		s->linkdown = 1;	/* and the client may try again */
+	s->bytes_out += sizeof(frame) + back;
+	log_info("session %u: resumed from %s (resume %u): %llu requests "
+	    "processed, %llu bytes of replies sent again", s->id, h.peer,
+	    rs->resumes, (unsigned long long)s->nproc,
+	    (unsigned long long)back);
+	return 1;
+}
+
+ssize_t
+resume_recv(struct session *s, void *buf, size_t len)
+{
+	int tmo = s->ctx->cfg->frame_timeout > 0 ?
+	    s->ctx->cfg->frame_timeout * 1000 : -1;
+	struct pollfd p[2];
+	int n;
+
+	if (s->linkdown) {
+		errno = ECONNRESET;
+		return -1;
+	}
+	if (s->rs == NULL || ctl_fd(s) == -1)
+		return net_recv(s->fd, buf, len);
+	for (;;) {
+		p[0].fd = s->fd;
+		p[1].fd = ctl_fd(s);
+		p[0].events = p[1].events = POLLIN;
+		p[0].revents = p[1].revents = 0;
+		if ((n = poll(p, 2, tmo)) == -1 && errno == EINTR)
+			continue;
+		if (n == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		if (p[1].revents != 0) {
+			/* A resume while this link stands: the client gave it
+			 * up (a half-open connection after a network change). */
+			n = take_handover(s);
+			if (n == 1)
+				s->rs->switched = 1;
+			if (n != 0) {
+				s->linkdown = 1;
+				errno = ECONNRESET;
+				return -1;
+			}
+			if (p[0].revents == 0)
+				continue;
+		}
+		return net_recv(s->fd, buf, len);
+	}
+}
+
+int
+resume_wait(struct session *s)
+{
+	struct resume *rs = s->rs;
+	int grace = s->ctx->cfg->resume_grace;
+	int64_t deadline, left;
+	int n;
+
+	if (rs == NULL || !s->linkdown || rs->lost)
+		return -1;
+	if (rs->switched) {	/* resume_recv() took a resume already */
+		rs->switched = 0;
+		s->linkdown = 0;
+		return 0;
+	}
+	if (s->outlen > 0) {	/* into the ring, for the resume */
+		resume_send(s, s->out, s->outlen, NULL, 0);
+		s->outlen = 0;
+	}
+	if (s->fd != -1) {
+		close(s->fd);
+		s->fd = -1;
+		slot_get((uint32_t)s->slot)->fd = -1;
+	}
+	log_info("session %u: link lost after %llu requests; waiting up to %d "
+	    "s for the client to resume", s->id, (unsigned long long)s->nproc,
+	    grace);
+	deadline = now_ms() + (int64_t)grace * 1000;
+	while ((left = deadline - now_ms()) > 0) {
+		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
+		if ((n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left)) ==
+		    -1 && errno == EINTR)
+			continue;
+		if (n == 0)
+			break;
+		if ((n = take_handover(s)) == 1)
+			return 0;
+		if (n == -1)
+			return -1;
+	}
+	log_warn("session %u: not resumed within %d s; ending it", s->id,
+	    grace);
+	return -1;
+}
+
+int
+resume_key(struct session *s, const struct proto_tresumekey *t)
+{
+	const struct mr_config *cfg = s->ctx->cfg;
+	union proto_msg r;
+
+	if (!resume_offered(s))
+		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "this runner does "
+		    "not resume sessions (no CAP_RESUME)") == -1 ? -2 : 0;
+	if (t->mode != PROTO_RESUME_OFF && t->mode != PROTO_RESUME_ON) {
+		sess_errorf(s, t->h.tag, PROTO_EINVAL, "Tresumekey mode %u is "
+		    "neither 0 (off) nor 1 (on)", t->mode);
+		return sess_fail_reply(s);
+	}
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RRESUMEKEY;
+	r.h.tag = t->h.tag;
+	if (t->mode == PROTO_RESUME_OFF) {
+		resume_free(s);
+		return sess_reply(s, &r, NULL, 0);
+	}
+	if (s->rs == NULL) {
+		struct resume *rs = calloc(1, sizeof(*rs));
+		if (rs == NULL || (rs->ring = malloc(cfg->resume_log)) ==
+		    NULL) {
+			free(rs);
+			sess_errorf(s, t->h.tag, PROTO_ENOMEM, "no memory for "
+			    "the session's reply log");
+			return sess_fail_reply(s);
+		}
+		rs->cap = cfg->resume_log;
+		/* What is in the output buffer now (Rhello, Rauth) goes out
+		 * before the stream the counts are about. */
+		rs->skip = s->outlen;
+		sess_random(rs->secret, sizeof(rs->secret));
+		s->rs = rs;
+	}
+	r.rresumekey.grace = (uint32_t)cfg->resume_grace;
+	r.rresumekey.log = s->rs->cap;
+	memcpy(r.rresumekey.secret, s->rs->secret, sizeof(s->rs->secret));
+	log_info("session %u: resumable for %d s after a dropped link",
+	    s->id, cfg->resume_grace);
+	return sess_reply(s, &r, NULL, 0);
+}
+
+int
+resume_request(struct session *s, const struct proto_tresume *t)
+{
+	struct handover h;
+
+	if (!resume_offered(s))
+		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "this runner does "
+		    "not resume sessions (no CAP_RESUME)") == -1 ? -2 : 0;
+	if (s->nproc != 0 || s->rs != NULL)
+		return sess_fatal(s, t->h.tag, PROTO_ESTATE, "Tresume must be "
+		    "the first request after the handshake") == -1 ? -2 : 0;
+	/* Rhello and Rauth out first, so nothing of this session follows
+	 * the bytes of the session it resumes. */
+	if (sess_flush(s) == -1 || s->linkdown)
+		return -2;
+	memset(&h, 0, sizeof(h));
+	h.target = t->session;
+	h.tag = t->h.tag;
+	memcpy(h.snonce, s->snonce, sizeof(h.snonce));
+	h.sent = t->sent;
+	h.received = t->received;
+	memcpy(h.cnonce, t->cnonce, sizeof(h.cnonce));
+	memcpy(h.mac, t->mac, sizeof(h.mac));
+	snprintf(h.peer, sizeof(h.peer), "%s", s->peer);
+	if (send_fd(ctl_fd(s), &h, s->fd) == -1)
+		return sess_fatal(s, t->h.tag, PROTO_ERESUME, "the runner cannot "
+		    "pass the connection on") == -1 ? -2 : 0;
+	log_info("session %u: passed on to resume session %u", s->id,
+	    t->session);
+	s->handed = 1;
+	return -2;
+}
+
+void
+resume_end(struct session *s)
+{
+	int ctl = ctl_fd(s);
+
+	resume_free(s);
+	if (ctl != -1) {
+		close(ctl);
+		slot_get((uint32_t)s->slot)->ctl = -1;
+	}
+}
+
+void
+resume_free(struct session *s)
+{
+	if (s->rs == NULL)
+		return;
+	free(s->rs->ring);
+	free(s->rs);
+	s->rs = NULL;
+}
