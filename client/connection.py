@@ -154,9 +154,9 @@ class Runner:
                            f["maxhandles"], f["session"], P.cstr(f["name"]), P.cstr(f["arch"]), P.cstr(f["cpu"]),
                            P.cstr(f["features"]), self.maxmsg, bool(f["caps"] & P.CAP_UNIFIED))
     if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
-    if f["caps"] & P.CAP_RESUME:  # ask for the resume key with the first requests: no round trip of its own
+    if f["caps"] & P.CAP_RESUME:  # the resume key, before anything a dropped link could lose (one round trip while connecting)
       self._rs = Replay()
-      self._skip.add(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON))
+      self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
 
   def _auth(self, token, snonce:bytes):
     if token is None and (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): token = read_token(path)

@@ -113,7 +113,7 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (TPROFILE, "Tprofile", ("II", ("mode", "count"))),
   (RPROFILE, "Rprofile", ("IIIII", ("count", "left", "lost", "cap", "pad"))),
   (THAVE, "Thave", _PING), (RHAVE, "Rhave", _PING),
-  (TWRITEHASH, "Twritehash", (_IO[0] + "32s", _IO[1] + ("hash",)))),
+  (TWRITEHASH, "Twritehash", (_IO[0] + "32s", _IO[1] + ("hash",))),
   (TRESUMEKEY, "Tresumekey", ("I", ("mode",))),
   (RRESUMEKEY, "Rresumekey", ("IQ32s", ("grace", "log", "secret"))),
   (TRESUME, "Tresume", ("IQQ32s32s", ("session", "sent", "received", "cnonce", "mac"))),

@@ -1,7 +1,7 @@
 """Sessions that survive a dropped link (protocol.md, "Resuming a session"): the client's side of it.
 
-When the runner offers CAP_RESUME, a Runner asks for the session's resume key (Tresumekey, pipelined with the first requests, so it
-costs no round trip) and from then on keeps two counts and a log:
+When the runner offers CAP_RESUME, a Runner asks for the session's resume key as it connects (Tresumekey: one round trip, so that
+a link dropped in the first upload can be resumed too) and from then on keeps two counts and a log:
   - every request handed to the socket, copied (the caller may reuse its memory), until a reply shows the runner processed it: a
     reply or Rerror to request t means every request up to t was processed, since the runner takes them one at a time, in order.
     When the log passes WINDOW bytes (a large upload with no reply to trim it) a Tping goes out without waiting; past twice that
@@ -143,8 +143,8 @@ def resume(r, why, desc):
     r._rs = rs
     try: r.sock.close()
     except (OSError, AttributeError): pass
-    if time.monotonic() + delay >= deadline:
+    if (left := deadline - time.monotonic()) <= 0:
       r._lost(f"the link dropped ({why}) and the session was not resumed within the runner's {grace} s grace period "
               f"(last attempt: {last})", desc)
-    time.sleep(delay)
+    time.sleep(min(delay, left))
     delay = min(2 * delay, 1.0)

@@ -9,7 +9,8 @@ the listener stays, so the client's reconnection goes through the relay again.
     lc.cut_in(up=P.TWRITE, min_size=1 << 20)   # drop the link half way through the next Twrite of at least 1 MiB
     lc.cut_in(down=P.RREAD)                    # ... half way through the next Rread
     Runner(lc.addr) ...
-    lc.cuts   # how many cuts happened
+    lc.blocked = True                           # the link stays down: new connections are dropped at once
+    lc.cuts   # how many connections were dropped
 """
 from __future__ import annotations
 import select, socket, struct, threading
@@ -50,6 +51,7 @@ class LinkCutter:
     self._ls.listen(16)
     self.addr = f"127.0.0.1:{self._ls.getsockname()[1]}"
     self._stop = False
+    self.blocked = False   # True: the link is down; every new connection is dropped at once
     threading.Thread(target=self._accept, daemon=True).start()
 
   def __enter__(self): return self
@@ -86,6 +88,9 @@ class LinkCutter:
     while not self._stop:
       try: c, _ = self._ls.accept()
       except OSError: return
+      if self.blocked:
+        self._drop((c,))
+        continue
       try: u = socket.create_connection(self.target)
       except OSError:
         c.close()

@@ -18,7 +18,7 @@ def py_layouts() -> dict:
   return out
 
 def test_every_struct_has_a_python_layout():
-  assert len(STRUCTS) == 30 and set(STRUCTS) == set(py_layouts())
+  assert len(STRUCTS) == 34 and set(STRUCTS) == set(py_layouts())
 
 @pytest.mark.parametrize("struct", STRUCTS)
 def test_struct_layout(struct):
@@ -34,14 +34,14 @@ def test_fixed_sizes_and_request_types():
     assert lib.proto_fixed_size(t) == (P.MSGS[t].size if t in P.MSGS else 0), t
     assert lib.proto_is_request(t) == P.is_request(t), t
   assert lib.proto_fixed_size(0xffffffff) == 0 and lib.proto_fixed_size(65536 + P.TLOAD) == 0
-  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38]
+  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 46, 48]
 
 def test_constants():
   ffi, lib = build()
-  assert len(DEFINES) == 14 and len(ENUMS) == 10
+  assert len(DEFINES) == 14 and len(ENUMS) == 11
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 14 + 30 + 2 + 18 + 2 + 7 + 3 + 4 + 4 + 2 + 5
+  assert len(names) == 14 + 34 + 2 + 19 + 2 + 8 + 3 + 4 + 4 + 2 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
@@ -50,7 +50,7 @@ def test_names():
   errs = {v: n.removeprefix("PROTO_") for n, v in ffi.typeof("enum proto_error").relements.items()}
   assert P.ERRORS == errs
   for code in range(0, 40): assert ffi.string(lib.proto_error_name(code)).decode() == errs.get(code, "unknown")
-  for t in range(0, 40):
+  for t in range(0, 60):
     want = P.TYPE_NAMES.get(t, "unknown")
     assert ffi.string(lib.proto_type_name(t)).decode() == want
     if t in P.MSGS: assert f"PROTO_{want.upper()}" in ffi.typeof("enum proto_type").relements
@@ -104,6 +104,10 @@ VECTORS = [
   (P.THAVE, 0, 18, dict(count=0), b""),
   (P.RHAVE, 0, 18, dict(count=3), b"\1\0\1"),
   (P.TWRITEHASH, 0, 19, dict(handle=0xfffffff3, offset=(1 << 63) + 9, count=0x0102030405060708, hash=rb(32)), b""),
+  (P.TRESUMEKEY, 0, 18, dict(mode=P.RESUME_ON), b""),
+  (P.RRESUMEKEY, 0, 18, dict(grace=0x80000001, log=0x0102030405060708, secret=rb(32)), b""),
+  (P.TRESUME, 0, 0, dict(session=0xfffffffe, sent=(1 << 64) - 1, received=0x1122334455667788, cnonce=rb(32), mac=rb(32)), b""),
+  (P.RRESUME, 0, 0, dict(processed=0xa1a2a3a4a5a6a7a8, mac=rb(32)), b""),
 ]
 
 def test_vectors_cover_every_type():

@@ -1,0 +1,243 @@
+# Sessions that survive a dropped link (protocol.md, "Resuming a session"): a TinyJit training run whose connection is cut several
+# times by a relay (tests/link_cutter.py, a test harness on 127.0.0.1, not a network) ends with exactly the losses of an uncut run;
+# and each bad resume is refused without harm to the session it names. Both isolation modes.
+import hashlib, hmac, json, os, struct, time
+import numpy as np
+import pytest
+from conftest import run_python
+from runner_proc import RunnerProc
+from link_cutter import LinkCutter
+from wire import Raw
+from client import protocol as P
+from client.connection import Runner, RunnerConnectionError
+from client.resume import LABEL_CLIENT, LABEL_SERVER
+
+ISO = ["process", "thread"]
+
+# *** the done-when: a TinyJit training run, cut in the middle of a program upload, a large write, a graph run request and a reply
+
+TRAIN = """
+import client.remote_metal, json, numpy as np
+from tinygrad import Tensor, TinyJit, Device, nn
+from tinygrad.helpers import Context
+rng = np.random.default_rng(7)
+X = rng.normal(size=(64, 256)).astype(np.float32)
+Y = ((X[:, 0] * X[:, 1] > 0).astype(np.int32) + 2 * (X[:, 2] > 0).astype(np.int32))
+w1 = rng.normal(size=(256, 1024)).astype(np.float32) * 0.05    # a 1 MiB upload
+w2 = rng.normal(size=(1024, 4)).astype(np.float32) * 0.05
+params = [Tensor(w1, device="REMOTE"), Tensor.zeros(1024, device="REMOTE").contiguous(), Tensor(w2, device="REMOTE"),
+          Tensor.zeros(4, device="REMOTE").contiguous()]
+opt = nn.optim.Adam(params, lr=0.01, device="REMOTE")
+@TinyJit
+def step(x, y):
+  with Context(TRAINING=1):
+    opt.zero_grad()
+    loss = ((x @ params[0] + params[1]).relu() @ params[2] + params[3]).sparse_categorical_crossentropy(y).backward()
+    return loss.realize(*opt.schedule_step())
+losses = [step(Tensor(X[i % 2::2], device="REMOTE"), Tensor(Y[i % 2::2], device="REMOTE")).item() for i in range(10)]
+w = params[0].numpy()   # a 1 MiB read at the end
+print(json.dumps({"losses": losses, "wsum": float(np.abs(w).sum()), "stats": Device["REMOTE"].runner.stats()}))
+"""
+
+def train(addr:str) -> dict:
+  r = run_python(TRAIN, env={"METAL_RUNNER": addr})
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+@pytest.mark.slow   # four training runs of ~10 s each on a loaded 2-core machine
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("iso", ISO)
+def test_training_run_survives_cuts(daemon_bin, iso):
+  r = RunnerProc("-v", "--isolation", iso, binary=daemon_bin)
+  try:
+    uncut = train(r.addr)
+    with LinkCutter(r.addr) as lc:
+      lc.cut_in(up=P.TLOAD, skip=3)                      # in the middle of a program upload
+      lc.cut_in(up=P.TWRITE, min_size=1 << 19)           # in the middle of the 1 MiB weight upload
+      lc.cut_in(up=P.TGRAPHRUN, skip=4)                  # in the middle of a JIT step's request
+      lc.cut_in(down=P.RREAD, skip=5)                    # while a loss is on its way back
+      lc.cut_in(down=P.RREAD, min_size=1 << 18)          # in the middle of the final 1 MiB read
+      cut = train(lc.addr)
+      assert lc.pending() == 0 and lc.cuts >= 5, (lc.pending(), lc.cuts)
+    log = r.log_text(0.3)
+  finally: r.stop()
+  assert cut["losses"] == uncut["losses"] and cut["wsum"] == uncut["wsum"], (cut, uncut)   # exactly, not approximately
+  assert cut["losses"][-1] < cut["losses"][0]
+  assert uncut["stats"]["resumes"] == 0 and cut["stats"]["resumes"] == 5, cut["stats"]
+  assert log.count("resumed from") == 5, log[-4000:]
+
+# *** a resume by hand, with raw frames
+
+def key(c:Raw) -> dict:
+  tag = c.req(P.TRESUMEKEY, mode=P.RESUME_ON)
+  t, f, _ = c.frame()
+  assert (t, f["tag"], f["size"]) == (P.RRESUMEKEY, tag, 56), (t, f)
+  return f
+
+def tresume(addr:str, session:int, secret:bytes, sent:int, received:int) -> tuple[Raw, bytes, bytes]:
+  """A new connection's Tresume (after its hello); returns the connection, the Tresume frame and its cnonce."""
+  c = Raw(addr)
+  cn = os.urandom(32)
+  mac = hmac.new(secret, LABEL_CLIENT + c.info["nonce"] + cn + struct.pack("<IQQ", session, sent, received), hashlib.sha256).digest()
+  frame = P.pack(P.TRESUME, 7, session=session, sent=sent, received=received, cnonce=cn, mac=mac)
+  c.send(frame)
+  return c, frame, cn
+
+def session(addr:str, memory:int=4096) -> tuple[Raw, dict, int, int]:
+  """A resumable session holding buffer 1 (memory bytes, filled with 7): (connection, key, requests sent, reply bytes received)."""
+  c = Raw(addr)
+  k = key(c)
+  c.alloc(1, memory)
+  c.write(1, 0, b"\7" * memory)
+  assert c.ping(b"abc") == b"abc"
+  return c, k, 4, 56 + 16 + 3
+
+@pytest.fixture(params=ISO)
+def rp(request, daemon_bin):
+  r = RunnerProc("-v", "--isolation", request.param, "--resume-grace", "2", "--total-mem", "64K", "--resume-log", "64K", binary=daemon_bin)
+  yield r
+  r.stop()
+
+def test_resume_by_hand(rp):
+  c, k, sent, received = session(rp.addr)
+  c.s.close()
+  n, frame, cn = tresume(rp.addr, c.info["session"], k["secret"], sent, received)
+  t, f, _ = n.frame()
+  assert t == P.RRESUME and f["processed"] == 4 and f["tag"] == 7
+  assert f["mac"] == hmac.new(k["secret"], LABEL_SERVER + cn + n.info["nonce"], hashlib.sha256).digest()
+  tag = n.req(P.TREAD, handle=1, offset=0, count=4096)   # the buffer is still there, and its contents
+  t, f, p = n.frame()
+  assert (t, f["tag"], p) == (P.RREAD, tag, b"\7" * 4096)
+
+def test_resume_sends_again_what_was_not_processed_and_not_received(rp):
+  c, k, sent, received = session(rp.addr)
+  # a write and a read the runner gets, whose reply the client "loses"; then a request it "never got" (sent again)
+  c.write(1, 0, b"\1" * 100)
+  c.req(P.TREAD, handle=1, offset=0, count=8)
+  t, f, p = c.frame()
+  assert p == b"\1" * 8
+  c.s.close()
+  time.sleep(0.2)
+  n, _, _ = tresume(rp.addr, c.info["session"], k["secret"], sent + 2, received)
+  t, f, _ = n.frame()
+  assert t == P.RRESUME and f["processed"] == sent + 2     # nothing runs twice: both were processed
+  t, f, p = n.frame()                                       # the reply the client missed comes again
+  assert t == P.RREAD and p == b"\1" * 8
+  assert n.ping(b"z") == b"z"
+
+def test_resume_of_unknown_session(rp):
+  n, _, _ = tresume(rp.addr, 987654, os.urandom(32), 0, 0)
+  code, tag, text = n.error()
+  assert (code, tag) == (P.ERESUME, 7) and "no session" in text and n.closed()
+
+def test_resume_with_wrong_proof_leaves_the_session_alone(rp):
+  c, k, sent, received = session(rp.addr)
+  n, _, _ = tresume(rp.addr, c.info["session"], os.urandom(32), sent, received)   # another client, without the key
+  code, _, text = n.error()
+  assert code == P.EAUTH and "wrong proof" in text and n.closed()
+  assert c.ping(b"still mine") == b"still mine"   # the owner's connection is untouched
+
+def test_replayed_resume_is_refused(rp):
+  c, k, sent, received = session(rp.addr)
+  c.s.close()
+  n, frame, _ = tresume(rp.addr, c.info["session"], k["secret"], sent, received)
+  assert n.frame()[0] == P.RRESUME
+  m = Raw(rp.addr)   # an eavesdropper sends the same Tresume again on a connection of its own: its nonce differs
+  m.send(frame)
+  code, _, _ = m.error()
+  assert code == P.EAUTH and m.closed()
+  assert n.ping(b"ok") == b"ok"
+
+def test_resume_while_the_old_connection_stands_closes_it(rp):
+  c, k, sent, received = session(rp.addr)
+  n, _, _ = tresume(rp.addr, c.info["session"], k["secret"], sent, received)   # e.g. a half-open link after a network change
+  assert n.frame()[0] == P.RRESUME
+  assert c.closed()                      # the proven client wins; the old connection is closed
+  assert n.ping(b"new") == b"new"
+
+@pytest.mark.parametrize("claim", ["fewer requests", "more replies"])
+def test_inconsistent_claims_lose_the_session(rp, claim):
+  c, k, sent, received = session(rp.addr, 65536)
+  c.s.close()
+  n, _, _ = tresume(rp.addr, c.info["session"], k["secret"], sent - 1 if claim == "fewer requests" else sent,
+                    received + (1 if claim == "more replies" else 0))
+  code, _, text = n.error()
+  assert code == P.ERESUME and n.closed(), text
+  # the session ended at once: its memory (all of --total-mem) is free for a new one
+  m = Raw(rp.addr)
+  m.alloc(2, 65536)
+  assert m.until_pong() == []
+
+def test_missed_replies_past_the_log_lose_the_session(rp):
+  c, k, sent, received = session(rp.addr, 65536)
+  c.req(P.TREAD, handle=1, offset=0, count=65536)   # replies the client does not read: more than --resume-log 64K in all
+  c.req(P.TREAD, handle=1, offset=0, count=100)
+  time.sleep(0.3)
+  c.s.close()
+  n, _, _ = tresume(rp.addr, c.info["session"], k["secret"], sent + 2, received)
+  code, _, text = n.error()
+  assert code == P.ERESUME and "no longer held" in text, text
+
+def test_tresume_must_come_first(rp):
+  c, k, sent, received = session(rp.addr)
+  m = Raw(rp.addr)
+  m.ping()
+  cn = os.urandom(32)
+  m.req(P.TRESUME, session=c.info["session"], sent=0, received=0, cnonce=cn, mac=bytes(32))
+  code, _, _ = m.error()
+  assert code == P.ESTATE and m.closed()
+
+def test_grace_period_expiry_frees_the_session(rp):
+  c, k, sent, received = session(rp.addr, 65536)   # all of --total-mem
+  c.s.close()
+  m = Raw(rp.addr)
+  m.alloc(2, 65536)
+  assert [e[0] for e in m.until_pong()] == [P.ELIMIT]   # the waiting session still holds its memory
+  time.sleep(2.5)                                       # --resume-grace 2
+  m.alloc(2, 65536)
+  assert m.until_pong() == []                            # freed
+  n, _, _ = tresume(rp.addr, c.info["session"], k["secret"], sent, received)
+  code, _, text = n.error()
+  assert code == P.ERESUME and "grace" in text
+  assert "not resumed within 2 s; ending it" in rp.log_text()
+
+def test_no_resume_without_grace(daemon_bin):
+  r = RunnerProc("--resume-grace", "0", binary=daemon_bin)
+  try:
+    c = Raw(r.addr)
+    assert not c.info["caps"] & P.CAP_RESUME
+    c.req(P.TRESUMEKEY, mode=P.RESUME_ON)
+    code, _, _ = c.error()
+    assert code == P.EPROTO and c.closed()
+    with Runner(r.addr) as rc:
+      assert rc._rs is None and rc.ping(b"x") == b"x"
+  finally: r.stop()
+
+# *** the client: reconnects by itself, and raises only when the grace period is over
+
+def test_client_resumes_by_itself_and_raises_after_the_grace_period(rp):
+  with LinkCutter(rp.addr) as lc:
+    c = Runner(lc.addr)
+    c.alloc(1, 1024)
+    c.write(1, 0, np.arange(256, dtype=np.float32))
+    c.sync()
+    lc.cut()
+    out = np.empty(256, dtype=np.float32)
+    c.read(1, 0, out)
+    assert (out == np.arange(256)).all() and c.stats()["resumes"] == 1
+    lc.blocked = True       # the link stays down: every new connection is dropped at once
+    lc.cut()
+    t0 = time.monotonic()
+    with pytest.raises(RunnerConnectionError, match="grace period"):
+      c.sync()
+    assert 1.9 <= time.monotonic() - t0 < 5
+    with pytest.raises(RunnerConnectionError): c.ping()
+
+def test_client_close_ends_the_session_at_once(rp):
+  with Runner(rp.addr) as c:
+    c.alloc(1, 65536)
+    c.sync()
+    assert c._rs.key is not None
+  m = Raw(rp.addr)
+  m.alloc(2, 65536)          # no grace period to wait out: close() said it was meant
+  assert m.until_pong() == []
