@@ -256,9 +256,12 @@ need(struct session *s, size_t n, int boundary)
 		if (sess_flush(s) == -1 || handshake_wait(s) == -1)
 			return -1;
 		/* Between frames the idle limit applies; the socket's receive
-		 * timeout is the frame timeout, which may be longer. */
+		 * timeout is the frame timeout, which may be longer. (A session
+		 * that may be resumed waits in resume_recv(), which also sees a
+		 * resume coming; there an idle link counts as dropped, checked
+		 * each frame timeout, below.) */
 		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
-		    !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
+		    s->rs == NULL && !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
 			log_warn("session %u: client stalled between frames "
 			    "for %d s; ending the session", s->id,
 			    cfg->idle_timeout);

@@ -117,6 +117,9 @@ def sessions() -> dict[str, bytes]:
              .req(P.THAVE, bytes(32) + bytes(range(32)), count=2).req(P.THAVE, count=0)
              .req(P.TWRITEHASH, handle=1, offset=0, count=64, hash=bytes(32)).req(P.TWRITEHASH, handle=1, offset=63, count=2, hash=bytes(32))
              .req(P.TWRITEHASH, handle=9, offset=0, count=1, hash=bytes(32)).ping().bytes(),
+    # the harness gives its session no control socket, so no CAP_RESUME: Tresumekey and Tresume end the connection (EPROTO)
+    "resume_key": S().alloc(1, 8).req(P.TRESUMEKEY, mode=P.RESUME_ON).ping().bytes(),
+    "resume": S().req(P.TRESUME, session=1, sent=0, received=0, cnonce=bytes(32), mac=bytes(32)).bytes(),
     "truncated_write": S().alloc(1, 64).bytes() + P.pack(P.TWRITE, 60, payload_len=64, handle=1, offset=0, count=64) + bytes(10),
   }
 
