@@ -183,6 +183,8 @@ refuse(int fd, uint32_t tag, uint32_t code, const char *text)
  * The accept loop's part.
  */
 
+static int route_one(int);
+
 int
 resume_open(const struct mr_config *cfg, int slot)
 {
@@ -244,6 +246,10 @@ resume_sweep(void)
 
 	for (i = 0; pctl != NULL && i < npctl; i++)
 		if (pctl[i] != -1 && !slot_get(i)->busy) {
+			/* A connection passed up just before its session
+			 * ended is still in the socket: route it first. */
+			while (route_one((int)i) == 0)
+				;
 			close(pctl[i]);
 			pctl[i] = -1;
 		}
@@ -268,13 +274,22 @@ resume_pollfds(struct pollfd *p, int *slots, int max)
 void
 resume_route(int from)
 {
+	while (route_one(from) == 0)
+		;
+}
+
+/* Route one handover waiting in from's control socket: 0, or -1 if there
+ * was none. */
+static int
+route_one(int from)
+{
 	struct handover h;
 	uint32_t i;
 	int fd;
 
 	if (pctl == NULL || pctl[from] == -1 || recv_fd(pctl[from], &h, &fd) ==
 	    -1)
-		return;
+		return -1;
 	for (i = 0; i < npctl; i++) {
 		struct slot *sl = slot_get(i);
 		if ((int)i != from && sl->busy && sl->id == h.target &&
@@ -287,14 +302,15 @@ resume_route(int from)
 		refuse(fd, h.tag, PROTO_ERESUME, "no session with that number "
 		    "to resume: it never existed, ended, or was not resumed "
 		    "within the runner's grace period");
-		return;
+		return 0;
 	}
 	if (send_fd(pctl[i], &h, fd) == -1) {
 		refuse(fd, h.tag, PROTO_ERESUME, "the session is busy with "
 		    "another resume; try again");
-		return;
+		return 0;
 	}
 	close(fd);	/* the session has its own copy now */
+	return 0;
 }
 
 void
@@ -692,6 +708,12 @@ resume_end(struct session *s)
 
 	resume_free(s);
 	if (ctl != -1) {
+		struct handover h;
+		int fd;
+		/* Resumes that came too late: answer them rather than let
+		 * their connections close without a word. */
+		while (recv_fd(ctl, &h, &fd) == 0)
+			refuse(fd, h.tag, PROTO_ERESUME, "the session has ended");
 		close(ctl);
 		slot_get((uint32_t)s->slot)->ctl = -1;
 	}

@@ -67,6 +67,10 @@ static atomic_int hup;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t slots_idle = PTHREAD_COND_INITIALIZER;
 static int nactive;
+/* The accept loop's poll set: file-scope, so a forked session process
+ * still reaches it (valgrind counts it in use, not lost). */
+static struct pollfd *pfds;
+static int *pslots;
 
 static const struct backend *backends[] = {
 #ifdef MR_BACKEND_METAL
@@ -290,8 +294,6 @@ serve(const struct mr_config *cfg)
 	struct sigaction sa;
 	enum be_isolation iso;
 	char err[PROTO_ERRLEN], peer[64];
-	struct pollfd *pfds = NULL;
-	int *pslots = NULL;
 	uint32_t next_id = 1, max_startups;
 	int lfd = -1, port = 0, rc = -1;
 
@@ -485,6 +487,8 @@ out:
 		close(lfd);
 	free(pfds);
 	free(pslots);
+	pfds = NULL;
+	pslots = NULL;
 	ctx.be->close();
 	if (nactive == 0)
 		slot_unmap();

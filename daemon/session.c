@@ -604,8 +604,8 @@ done:
 		s->be->session_close(s->bs);
 	sess_prof_free(s);
 	cache_link_close(s->cache);
-	resume_end(s);
 	mr_session_leave(slot);
+	resume_end(s);
 	if (s->fd != -1)
 		close(s->fd);
 	free(s->in);

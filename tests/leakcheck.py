@@ -6,8 +6,9 @@
 
 Each session connects, allocates, writes, loads a kernel, launches it, reads the result back and checks it, then
 disconnects without freeing anything. Every few sessions also take other paths: an error queued ahead of a reply,
-a graph, explicit frees and unloads, a core_id kernel (which starts the session's thread pool), or a disconnect in the
-middle of a frame. Several clients run at once.
+a graph, explicit frees and unloads, a core_id kernel (which starts the session's thread pool), a disconnect in the
+middle of a frame, a session resumed on a new connection after its link dropped, or one whose client never comes back
+(the daemon runs with --resume-grace 2: it ends when that passes). Several clients run at once.
 
 valgrind runs with --leak-check=full --errors-for-leak-kinds=definite,indirect --error-exitcode=9 --trace-children=yes
 and writes one log per process (--log-file=DIR/vg.%p). In process isolation every session is a forked process that
@@ -19,7 +20,7 @@ exits, and as a thread starts), which the seccomp filter (daemon/confine.c) trap
 tests/test_confine.py checks the confined sessions instead.
 """
 from __future__ import annotations
-import argparse, dataclasses, os, pathlib, re, shutil, signal, socket, struct, subprocess, sys, tempfile, threading, time
+import argparse, dataclasses, hashlib, hmac, os, pathlib, re, shutil, signal, socket, struct, subprocess, sys, tempfile, threading, time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -37,6 +38,7 @@ class Result:
   cycles: int
   seconds: float
   processes: int = 0          # valgrind logs, one per process
+  resumed: int = 0            # sessions resumed on a new connection (in process isolation each new connection is a process too)
   errors: int = 0             # sum of ERROR SUMMARY counts (leaks of the kinds above included)
   definite: int = 0           # bytes definitely lost
   indirect: int = 0           # bytes indirectly lost
@@ -56,8 +58,46 @@ class Kernels:
     self.add1 = compile_kernel(ADD1, "add1")
     self.cores = compile_kernel(CORES, "cores")
 
+def resumes(i:int) -> bool: return i % 13 == 6
+
+def resume_cycle(addr:str, k:Kernels, i:int):
+  """A resumable session: its link drops after a launch, a new connection resumes it, reads and withdraws the key."""
+  c = Raw(addr)
+  tag = c.req(P.TRESUMEKEY, mode=P.RESUME_ON)
+  t, key, _ = c.frame()
+  assert (t, key["tag"]) == (P.RRESUMEKEY, tag), (t, key)
+  _, img, entry = k.add1
+  c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, f32(1, 2, 3, 4))
+  c.load(1, img, "add1", nbufs=2, nvals=1, entry=entry)
+  tag = c.launch(1, [(1, 0), (2, 0)], [4], wait=True)
+  assert c.frame()[0] == P.RLAUNCH
+  c.close()
+  n = Raw(addr)
+  try:
+    cn = os.urandom(32)
+    mac = hmac.new(key["secret"], b"metal_runner-resume-v1 client" + n.info["nonce"] + cn + struct.pack("<IQQ", c.info["session"], 6, 56 + 24),
+                   hashlib.sha256).digest()
+    n.req(P.TRESUME, session=c.info["session"], sent=6, received=56 + 24, cnonce=cn, mac=mac)
+    t, f, _ = n.frame()
+    assert (t, f["processed"]) == (P.RRESUME, 6), (t, f)
+    assert n.read(1, 0, 16) == f32(2, 3, 4, 5)
+    n.req(P.TRESUMEKEY, mode=P.RESUME_OFF)
+    assert n.frame()[0] == P.RRESUMEKEY
+  finally: n.close()
+
+def abandoned_cycle(addr:str):
+  """A resumable session whose client never comes back: it ends when the grace period passes."""
+  c = Raw(addr)
+  c.req(P.TRESUMEKEY, mode=P.RESUME_ON)
+  assert c.frame()[0] == P.RRESUMEKEY
+  c.alloc(1, 4096)
+  c.write(1, 0, bytes(4096))
+  c.close()
+
 def cycle(addr:str, k:Kernels, i:int):
   """One session; raises if any reply is wrong."""
+  if resumes(i): return resume_cycle(addr, k, i)
+  if i % 13 == 12: return abandoned_cycle(addr)
   c = Raw(addr)
   try:
     _, img, entry = k.add1
@@ -115,7 +155,7 @@ def run(isolation:str, cycles:int=1000, clients:int=4, binary:pathlib.Path|None=
   res = Result(isolation, cycles, 0.0)
   with open(logdir / "daemon.log", "w") as err:
     proc = subprocess.Popen(VALGRIND + [f"--log-file={logdir}/vg.%p", str(binary), "--host", "127.0.0.1", "--port", "0",
-                                        "--isolation", isolation, "--no-confine"], stdout=subprocess.PIPE, stderr=err, text=True)
+                                        "--isolation", isolation, "--no-confine", "--resume-grace", "2"], stdout=subprocess.PIPE, stderr=err, text=True)
   try:
     line = proc.stdout.readline()
     if not line.startswith("listening on "): raise RuntimeError(f"daemon did not start under valgrind: {line!r}")
@@ -131,7 +171,8 @@ def run(isolation:str, cycles:int=1000, clients:int=4, binary:pathlib.Path|None=
     for t in ts: t.join()
     res.problems += failures[:5]
     # Session processes leak-check themselves as they exit: let them finish before the daemon is stopped.
-    sessions, deadline = (cycles if isolation == "process" else 0), time.monotonic() + 60
+    res.resumed = sum(map(resumes, range(cycles)))
+    sessions, deadline = (cycles + res.resumed if isolation == "process" else 0), time.monotonic() + 60
     while sessions and time.monotonic() < deadline:
       if sum(parse_log(f.read_text())[0] is not None for f in logdir.glob("vg.*")) >= sessions: break
       time.sleep(0.2)

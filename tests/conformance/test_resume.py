@@ -1,0 +1,150 @@
+"""Tresumekey/Rresumekey and Tresume/Rresume: a session that survives a dropped link (protocol.md, Resuming a session)."""
+import hashlib, hmac, os, struct, time
+import pytest
+from conformance.spec import P, section, fatal, ok, closed
+
+CLIENT, SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
+
+def resumable(target):
+  if not target.info["caps"] & P.CAP_RESUME: pytest.skip("the runner does not offer CAP_RESUME (started with --resume-grace 0?)")
+
+def key(c, mode:int=P.RESUME_ON) -> dict:
+  tag = c.req(P.TRESUMEKEY, mode=mode)
+  t, f, p = c.frame()
+  assert (t, f["tag"], f["size"], p) == (P.RRESUMEKEY, tag, 56, b""), (t, f)
+  return f
+
+def start(target) -> tuple:
+  """A resumable session holding buffer 1 (16 bytes of 5): (connection, key, requests sent, reply bytes received)."""
+  resumable(target)
+  c = target.connect()
+  k = key(c)
+  c.alloc(1, 16)
+  c.write(1, 0, b"\5" * 16)
+  return c, k, 3, 56
+
+def tresume(target, session:int, secret:bytes, sent:int, received:int, tag:int=77):
+  """Tresume on a new connection (Thello, and Tauth if the runner asks); returns (connection, cnonce)."""
+  n = target.connect()
+  cn = os.urandom(32)
+  mac = hmac.new(secret, CLIENT + n.info["nonce"] + cn + struct.pack("<IQQ", session, sent, received), hashlib.sha256).digest()
+  n.send(P.pack(P.TRESUME, tag, session=session, sent=sent, received=received, cnonce=cn, mac=mac))
+  return n, cn
+
+@section("Resuming a session", "Thello, Rhello")
+def test_each_connection_gets_a_fresh_nonce(target):
+  resumable(target)
+  a, b = target.connect(), target.connect()
+  assert a.info["nonce"] != b.info["nonce"] and len(set(a.info["nonce"])) > 8
+
+@section("Resuming a session")
+def test_tresumekey_on_off_and_bad_mode(target, c):
+  resumable(target)
+  k = key(c)
+  assert k["grace"] > 0 and k["log"] >= 65536 and len(set(k["secret"])) > 8
+  assert key(c)["secret"] == k["secret"]                  # a second ON: the same key
+  off = key(c, P.RESUME_OFF)
+  assert (off["grace"], off["log"], off["secret"]) == (0, 0, bytes(32))
+  tag = c.req(P.TRESUMEKEY, mode=2)
+  code, etag, _ = c.error()
+  assert (code, etag) == (P.EINVAL, tag)
+  ok(c)
+
+@section("Resuming a session")
+def test_resume_continues_the_session(target):
+  c, k, sent, received = start(target)
+  c.close()
+  n, cn = tresume(target, c.info["session"], k["secret"], sent, received)
+  t, f, _ = n.frame()
+  assert (t, f["tag"], f["processed"]) == (P.RRESUME, 77, sent)
+  assert f["mac"] == hmac.new(k["secret"], SERVER + cn + n.info["nonce"], hashlib.sha256).digest()
+  assert n.read(1, 0, 16) == b"\5" * 16
+
+@section("Resuming a session")
+def test_resume_sends_again_the_replies_not_received(target):
+  c, k, sent, received = start(target)
+  c.ping(b"seen")
+  tag = c.req(P.TPING, b"lost", count=4)   # processed; its reply is "lost" with the link
+  c.close()
+  time.sleep(0.2)
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + 2, received + 20)
+  assert n.frame()[1]["processed"] == sent + 2
+  t, f, p = n.frame()
+  assert (t, f["tag"], p) == (P.RPING, tag, b"lost")
+
+@section("Resuming a session", "Error codes")
+def test_resume_of_an_unknown_session(target):
+  resumable(target)
+  n, _ = tresume(target, 0xfffffff0, os.urandom(32), 0, 0)
+  fatal(n, P.ERESUME, 77)
+
+@section("Resuming a session", "Error codes")
+def test_resume_with_a_wrong_proof_does_not_touch_the_session(target):
+  c, k, sent, received = start(target)
+  n, _ = tresume(target, c.info["session"], bytes(a ^ 1 for a in k["secret"]), sent, received)
+  fatal(n, P.EAUTH, 77)
+  ok(c)
+
+@section("Resuming a session")
+def test_a_replayed_tresume_fails(target):
+  c, k, sent, received = start(target)
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent, received)
+  assert n.frame()[0] == P.RRESUME
+  m = target.connect()
+  cn = os.urandom(32)   # the first connection's nonce with this one's Tresume: what a replay amounts to
+  mac = hmac.new(k["secret"], CLIENT + n.info["nonce"] + cn + struct.pack("<IQQ", c.info["session"], sent, received), hashlib.sha256).digest()
+  m.send(P.pack(P.TRESUME, 5, session=c.info["session"], sent=sent, received=received, cnonce=cn, mac=mac))
+  fatal(m, P.EAUTH, 5)
+  ok(n)
+
+@section("Resuming a session")
+def test_the_proven_resume_closes_a_standing_connection(target):
+  c, k, sent, received = start(target)
+  n, _ = tresume(target, c.info["session"], k["secret"], sent, received)
+  assert n.frame()[0] == P.RRESUME
+  assert closed(c)
+  ok(n)
+
+@section("Resuming a session", "Error codes")
+@pytest.mark.parametrize("claim", ["sent below processed", "received above sent"])
+def test_counts_the_runner_cannot_honour_end_the_session(target, claim):
+  c, k, sent, received = start(target)
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent - (claim[0] == "s"), received + (claim[0] == "r"))
+  fatal(n, P.ERESUME, 77)
+  again, _ = tresume(target, c.info["session"], k["secret"], sent, received)
+  fatal(again, P.ERESUME, 77)   # the session is gone
+
+@section("Resuming a session")
+def test_tresume_only_as_the_first_request(target, c):
+  resumable(target)
+  ok(c)
+  tag = c.req(P.TRESUME, session=1, sent=0, received=0, cnonce=bytes(32), mac=bytes(32))
+  fatal(c, P.ESTATE, tag)
+
+@section("Resuming a session")
+def test_the_grace_period_ends_the_session(target):
+  t = target.with_options("--resume-grace", "1")
+  c, k, sent, received = start(t)
+  c.close()
+  time.sleep(1.8)
+  n, _ = tresume(t, c.info["session"], k["secret"], sent, received)
+  fatal(n, P.ERESUME, 77)
+
+@section("Resuming a session", "Authentication")
+def test_a_resume_authenticates_like_a_new_connection(target):
+  t = target.authenticating()
+  c, k, sent, received = start(t)
+  c.close()
+  n, _ = tresume(t, c.info["session"], k["secret"], sent, received)   # Thello, Tauth with the token, then Tresume
+  assert n.frame()[0] == P.RRESUME
+  ok(n)
+
+@section("Resuming a session", "Thello, Rhello")
+def test_no_cap_resume_no_tresumekey(target):
+  t = target.with_options("--resume-grace", "0")
+  c = t.connect()
+  assert not c.info["caps"] & P.CAP_RESUME
+  tag = c.req(P.TRESUMEKEY, mode=P.RESUME_ON)
+  fatal(c, P.EPROTO, tag)
