@@ -134,7 +134,9 @@ class Runner:
     """Close the connection. Requests still in the send buffer are dropped; call sync() first to see their errors."""
     if self._dead is None and self._rs is not None and self.sock is not None:
       # a resumable session would otherwise wait out its grace period on the runner: say this close is meant
-      try: self.sock.sendall(P.pack(P.TRESUMEKEY, 0, mode=P.RESUME_OFF))
+      try:
+        self.sock.sendall(P.pack(P.TRESUMEKEY, 0, mode=P.RESUME_OFF))
+        self._nreq, self._bsent = self._nreq + 1, self._bsent + P.MSGS[P.TRESUMEKEY].size
       except OSError: pass
     if self._dead is None: self._dead = "the connection was closed by the client"
     if self.sock is not None:
@@ -505,7 +507,8 @@ class Runner:
         while True:
           t, f, data = self._recv_frame(deadline, dests)
           if t == P.RERROR:
-            e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(d:=self._sent.get(f["tag"], f"tag {f['tag']}")))
+            d = self._sent.get(f["tag"], f"tag {f['tag']}")
+            e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(d))
             if type(d) is tuple and d[0] is _TLOAD: self._failed.add(d[1])
             if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
               e.others = errors

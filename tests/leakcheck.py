@@ -155,7 +155,8 @@ def run(isolation:str, cycles:int=1000, clients:int=4, binary:pathlib.Path|None=
   res = Result(isolation, cycles, 0.0)
   with open(logdir / "daemon.log", "w") as err:
     proc = subprocess.Popen(VALGRIND + [f"--log-file={logdir}/vg.%p", str(binary), "--host", "127.0.0.1", "--port", "0",
-                                        "--isolation", isolation, "--no-confine", "--resume-grace", "2"], stdout=subprocess.PIPE, stderr=err, text=True)
+                                        "--isolation", isolation, "--no-confine", "--resume-grace", "2"],
+                            stdout=subprocess.PIPE, stderr=err, text=True)
   try:
     line = proc.stdout.readline()
     if not line.startswith("listening on "): raise RuntimeError(f"daemon did not start under valgrind: {line!r}")

@@ -12,7 +12,7 @@ from client import protocol as P
 from client.connection import Runner, RunnerConnectionError
 from client.resume import LABEL_CLIENT, LABEL_SERVER
 
-ISO = ["process", "thread"]
+ISO = ["process", "thread"]   # runners come from RunnerProc: METAL_RUNNER_BIN (e.g. a sanitizer build) if set
 
 # *** the done-when: a TinyJit training run, cut in the middle of a program upload, a large write, a graph run request and a reply
 
@@ -48,7 +48,7 @@ def train(addr:str) -> dict:
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("iso", ISO)
 def test_training_run_survives_cuts(daemon_bin, iso):
-  r = RunnerProc("-v", "--isolation", iso, binary=daemon_bin)
+  r = RunnerProc("-v", "--isolation", iso)
   try:
     uncut = train(r.addr)
     with LinkCutter(r.addr) as lc:
@@ -94,7 +94,7 @@ def session(addr:str, memory:int=4096) -> tuple[Raw, dict, int, int]:
 
 @pytest.fixture(params=ISO)
 def rp(request, daemon_bin):
-  r = RunnerProc("-v", "--isolation", request.param, "--resume-grace", "2", "--total-mem", "64K", "--resume-log", "64K", binary=daemon_bin)
+  r = RunnerProc("-v", "--isolation", request.param, "--resume-grace", "2", "--total-mem", "64K", "--resume-log", "64K")
   yield r
   r.stop()
 
@@ -201,8 +201,22 @@ def test_grace_period_expiry_frees_the_session(rp):
   assert code == P.ERESUME and "grace" in text
   assert "not resumed within 2 s; ending it" in rp.log_text()
 
-def test_no_resume_without_grace(daemon_bin):
-  r = RunnerProc("--resume-grace", "0", binary=daemon_bin)
+def test_a_waiting_session_keeps_its_place_until_the_grace_period_ends():
+  r = RunnerProc("--max-sessions", "2", "--resume-grace", "1")
+  try:
+    c, k, sent, received = session(r.addr)
+    c.s.close()
+    b = Raw(r.addr)                      # the second place
+    full = Raw(r.addr, hello=False)      # the waiting session still holds the first
+    code, _, text = full.error()
+    assert code == P.ELIMIT, text
+    time.sleep(1.6)
+    again = Raw(r.addr)                  # its place is free again
+    assert again.ping(b"in") == b"in" and b.ping(b"b") == b"b"
+  finally: r.stop()
+
+def test_no_resume_without_grace():
+  r = RunnerProc("--resume-grace", "0")
   try:
     c = Raw(r.addr)
     assert not c.info["caps"] & P.CAP_RESUME
