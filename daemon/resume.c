@@ -498,8 +498,9 @@ take_handover(struct session *s)
 	}
 	if ((back = rs->total - h.received) > rs->held) {
 		snprintf(text, sizeof(text), "the replies the client missed "
-		    "(%llu bytes) are no longer held: the runner keeps the last "
-		    "%zu (--resume-log)", (unsigned long long)back, rs->cap);
+		    "(%llu bytes) are no longer held: the runner keeps the "
+		    "last %zu (--resume-log)", (unsigned long long)back,
+		    rs->cap);
 		return lose(s, &h, fd, text);
 	}
 	if (s->fd != -1) {	/* the old link still stood: the proof wins */
@@ -561,8 +562,8 @@ resume_recv(struct session *s, void *buf, size_t len)
 			return -1;
 		}
 		if (p[1].revents != 0) {
-			/* A resume while this link stands: the client gave it
-			 * up (a half-open connection after a network change). */
+			/* A resume while this link stands: the client gave
+			 * it up (a half-open link after a network change). */
 			n = take_handover(s);
 			if (n == 1)
 				s->rs->switched = 1;
@@ -693,8 +694,8 @@ resume_request(struct session *s, const struct proto_tresume *t)
 	memcpy(h.mac, t->mac, sizeof(h.mac));
 	snprintf(h.peer, sizeof(h.peer), "%s", s->peer);
 	if (send_fd(ctl_fd(s), &h, s->fd) == -1)
-		return sess_fatal(s, t->h.tag, PROTO_ERESUME, "the runner cannot "
-		    "pass the connection on") == -1 ? -2 : 0;
+		return sess_fatal(s, t->h.tag, PROTO_ERESUME, "the runner "
+		    "cannot pass the connection on") == -1 ? -2 : 0;
 	log_info("session %u: passed on to resume session %u", s->id,
 	    t->session);
 	s->handed = 1;
@@ -713,7 +714,8 @@ resume_end(struct session *s)
 		/* Resumes that came too late: answer them rather than let
 		 * their connections close without a word. */
 		while (recv_fd(ctl, &h, &fd) == 0)
-			refuse(fd, h.tag, PROTO_ERESUME, "the session has ended");
+			refuse(fd, h.tag, PROTO_ERESUME, "the session has "
+			    "ended");
 		close(ctl);
 		slot_get((uint32_t)s->slot)->ctl = -1;
 	}

@@ -261,7 +261,8 @@ need(struct session *s, size_t n, int boundary)
 		 * resume coming; there an idle link counts as dropped, checked
 		 * each frame timeout, below.) */
 		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
-		    s->rs == NULL && !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
+		    s->rs == NULL &&
+		    !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
 			log_warn("session %u: client stalled between frames "
 			    "for %d s; ending the session", s->id,
 			    cfg->idle_timeout);
@@ -290,10 +291,11 @@ need(struct session *s, size_t n, int boundary)
 				continue;
 			s->linkdown = 1;
 			log_warn("session %u: client stalled %s for %d s; "
-			    "ending the link", s->id, boundary &&
+			    "ending the %s", s->id, boundary &&
 			    s->inlen == s->inoff ? "between frames" :
 			    "mid-frame", boundary && s->inlen == s->inoff ?
-			    cfg->idle_timeout : cfg->frame_timeout);
+			    cfg->idle_timeout : cfg->frame_timeout,
+			    s->rs != NULL ? "connection" : "session");
 			return -1;
 		}
 		s->inlen += (size_t)r;
@@ -563,7 +565,8 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		if (m.h.type == PROTO_TWRITE) {
 			s->inoff += fixed;
 			if (sess_write(s, &m.twrite) == -2) {
-				if (s->linkdown)	/* it comes again whole */
+				/* Cut off: it comes again whole. */
+				if (s->linkdown)
 					continue;
 				break;
 			}
