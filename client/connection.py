@@ -7,6 +7,10 @@ such requests just before its next reply, so a waiting call raises the first of 
 Bulk data (write, large program images) is sent from the caller's buffer without copying and read() receives straight
 into the caller's memoryview.
 
+When the runner offers CAP_RESUME, a dropped link does not end the session: the Runner reconnects by itself and resumes it
+(client/resume.py; protocol.md, Resuming a session), raising RunnerConnectionError only when the runner refuses or its grace
+period is over. close() tells the runner the session ends now.
+
 Environment:
   METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
   METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped); used when the

@@ -65,7 +65,8 @@ class Replay:
 
   def rewind(self, processed:int) -> list:
     """The runner processed this many requests: drop those, and return the bytes of the others that were sent, to send again."""
-    if not self.acked <= processed <= (n := self.nsent()):
+    n = self.nsent()
+    if not self.acked <= processed <= n:
       raise ValueError(f"the runner says it processed {processed} requests; the client sent {n} and knew {self.acked} processed")
     for _ in range(processed - self.acked): self.starts.popleft()
     self.acked = processed

@@ -255,3 +255,24 @@ def test_client_close_ends_the_session_at_once(rp):
   m = Raw(rp.addr)
   m.alloc(2, 65536)          # no grace period to wait out: close() said it was meant
   assert m.until_pong() == []
+
+# *** the client's bookkeeping (client/resume.py), without a runner
+
+def test_replay_log_trims_on_replies_and_rewinds_to_what_was_not_processed():
+  from client.resume import Replay
+  rs = Replay()
+  reqs = [(10 + i, bytes([i]) * (i + 1)) for i in range(5)]   # tags 10..14, 1..5 bytes each
+  pos = 0
+  for tag, b in reqs:
+    rs.starts.append((tag, pos))
+    pos += len(b)
+  rs.log([b for _, b in reqs[:4]])                       # 10 bytes handed to the socket; the fifth request is still queued
+  assert rs.sent == 10 and rs.nsent() == 4
+  rs.frame(P.RPING, 16, 11, {}, pending=5)               # a reply to tag 11: tags 10 and 11 were processed
+  assert (rs.acked, rs.base, rs.held, rs.received) == (2, 3, 7, 16)
+  rs.frame(P.RERROR, 20, 999, {}, pending=5)             # a tag outside the window changes nothing but the count
+  assert (rs.acked, rs.received) == (2, 36)
+  assert b"".join(rs.rewind(3)) == b"\3" * 4             # the runner processed tag 12 too: tag 13 goes again
+  assert rs.acked == 3 and rs.nsent() == 4
+  with pytest.raises(ValueError): rs.rewind(5)          # more than the client sent: the resume fails (ERESUME)
+  with pytest.raises(ValueError): rs.rewind(2)          # fewer than a reply already showed
