@@ -276,3 +276,23 @@ def test_replay_log_trims_on_replies_and_rewinds_to_what_was_not_processed():
   assert rs.acked == 3 and rs.nsent() == 4
   with pytest.raises(ValueError): rs.rewind(5)          # more than the client sent: the resume fails (ERESUME)
   with pytest.raises(ValueError): rs.rewind(2)          # fewer than a reply already showed
+
+def test_a_large_upload_keeps_the_replay_log_bounded_and_survives_a_cut():
+  from client.resume import WINDOW
+  r = RunnerProc("--isolation", "thread")
+  try:
+    with LinkCutter(r.addr) as lc, Runner(lc.addr) as c:
+      data = np.random.default_rng(1).integers(0, 255, 48 << 20, dtype=np.uint8)
+      peak, log = [0], c._rs.log
+      def logged(bufs):
+        log(bufs)
+        peak[0] = max(peak[0], c._rs.held)
+      c._rs.log = logged
+      c.alloc(1, data.nbytes)
+      lc.cut_in(up=P.TWRITE, min_size=1 << 20, skip=3)   # in the middle of the fourth 8 MiB Twrite
+      c.write(1, 0, data)
+      out = np.empty_like(data)
+      c.read(1, 0, out)
+      assert (out == data).all() and c.stats()["resumes"] == 1 and lc.pending() == 0
+      assert peak[0] <= 2 * WINDOW + WINDOW // 2 + 4096, peak[0]
+  finally: r.stop()
