@@ -296,3 +296,18 @@ def test_a_large_upload_keeps_the_replay_log_bounded_and_survives_a_cut():
       assert (out == data).all() and c.stats()["resumes"] == 1 and lc.pending() == 0
       assert peak[0] <= 2 * WINDOW + WINDOW // 2 + 4096, peak[0]
   finally: r.stop()
+
+def test_the_client_resumes_with_its_token(tmp_path):
+  tok = tmp_path / "token"
+  tok.write_bytes(b"resume token\n")
+  r = RunnerProc("--token-file", str(tok))
+  try:
+    with LinkCutter(r.addr) as lc, Runner(lc.addr, token=b"resume token") as c:
+      assert c.info.caps & P.CAP_AUTH and c.info.caps & P.CAP_RESUME
+      c.alloc(1, 64)
+      c.write(1, 0, bytes(range(64)))
+      lc.cut_in(down=P.RREAD)
+      out = bytearray(64)
+      c.read(1, 0, out)
+      assert out == bytes(range(64)) and c.stats()["resumes"] == 1
+  finally: r.stop()
