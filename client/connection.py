@@ -162,7 +162,10 @@ class Runner:
     if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
     if f["caps"] & P.CAP_RESUME:  # the resume key, before anything a dropped link could lose (one round trip while connecting)
       self._rs = Replay()
-      self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
+      try: self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
+      except RunnerError as e:
+        if e.code in P.FATAL_ERRORS: raise
+        self._rs = None   # e.g. ENOMEM for the runner's reply log: a session like any other, ended by a dropped link
 
   def _auth(self, token, snonce:bytes):
     if token is None and (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): token = read_token(path)
