@@ -292,8 +292,10 @@ route_one(int from)
 		return -1;
 	for (i = 0; i < npctl; i++) {
 		struct slot *sl = slot_get(i);
+		int stage = atomic_load(&sl->stage);
 		if ((int)i != from && sl->busy && sl->id == h.target &&
-		    pctl[i] != -1 && atomic_load(&sl->stage) == SLOT_SESSION)
+		    pctl[i] != -1 && (stage == SLOT_SESSION ||
+		    stage == SLOT_WAITING))
 			break;
 	}
 	if (i == npctl) {
@@ -607,6 +609,7 @@ resume_wait(struct session *s)
 	    "s for the client to resume", s->id, (unsigned long long)s->nproc,
 	    grace);
 	deadline = now_ms() + (int64_t)grace * 1000;
+	slot_wait(s->slot);
 	while ((left = deadline - now_ms()) > 0) {
 		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
 		if ((n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left)) ==
@@ -614,8 +617,10 @@ resume_wait(struct session *s)
 			continue;
 		if (n == 0)
 			break;
-		if ((n = take_handover(s)) == 1)
+		if ((n = take_handover(s)) == 1) {
+			slot_resumed(s->slot);
 			return 0;
+		}
 		if (n == -1)
 			return -1;
 	}

@@ -113,6 +113,20 @@ mr_session_leave(int slot)
 	leave(slot, SLOT_ENDED);
 }
 
+void
+slot_wait(int slot)
+{
+	leave(slot, SLOT_WAITING);
+}
+
+void
+slot_resumed(int slot)
+{
+	if (atomic_exchange(&shared->slots[slot].stage, SLOT_SESSION) !=
+	    SLOT_SESSION)
+		atomic_fetch_add(&shared->nsessions, 1);
+}
+
 uint32_t
 slot_sessions(void)
 {

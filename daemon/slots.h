@@ -13,8 +13,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-/* Where a connection is: its handshake, its session, or ended. */
-enum slot_stage { SLOT_STARTING, SLOT_SESSION, SLOT_ENDED };
+/* Where a connection is: its handshake, its session, ended; or a session
+ * whose link dropped, waiting for its client to resume it (resume.c). */
+enum slot_stage { SLOT_STARTING, SLOT_SESSION, SLOT_ENDED, SLOT_WAITING };
 
 struct slot {
 	_Atomic uint64_t mem;	/* bytes reserved by the session */
@@ -37,6 +38,12 @@ uint32_t slot_sessions(void);
 uint32_t slot_starting(void);
 /* A free slot, marked busy, or -1 if all are busy. */
 int slot_take(void);
+/* A session whose link dropped gives up its session place while it waits
+ * (its memory stays reserved), so its client can come back to a full
+ * runner; it takes one again when resumed, even past the limit for the
+ * moment the connection that resumed it still holds its own. */
+void slot_wait(int i);
+void slot_resumed(int i);
 /* Return a finished session's slot and whatever memory it still held. */
 void slot_free(int i);
 /* Unmap the table, if it is mapped. */

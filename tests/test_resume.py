@@ -201,18 +201,25 @@ def test_grace_period_expiry_frees_the_session(rp):
   assert code == P.ERESUME and "grace" in text
   assert "not resumed within 2 s; ending it" in rp.log_text()
 
-def test_a_waiting_session_keeps_its_place_until_the_grace_period_ends():
-  r = RunnerProc("--max-sessions", "2", "--resume-grace", "1")
+@pytest.mark.parametrize("iso", ISO)
+def test_a_waiting_session_gives_up_its_place_but_not_its_memory(iso):
+  # so that a client can come back to a full runner (--max-sessions 1: an appliance with one user)
+  r = RunnerProc("--isolation", iso, "--max-sessions", "1", "--resume-grace", "3", "--total-mem", "64K")
   try:
-    c, k, sent, received = session(r.addr)
+    c, k, sent, received = session(r.addr, 65536)
     c.s.close()
-    b = Raw(r.addr)                      # the second place
-    full = Raw(r.addr, hello=False)      # the waiting session still holds the first
-    code, _, text = full.error()
-    assert code == P.ELIMIT, text
-    time.sleep(1.6)
-    again = Raw(r.addr)                  # its place is free again
-    assert again.ping(b"in") == b"in" and b.ping(b"b") == b"b"
+    time.sleep(0.3)
+    other = Raw(r.addr)                  # the place is free: another client gets in...
+    other.alloc(2, 1024)
+    assert [e[0] for e in other.until_pong()] == [P.ELIMIT]   # ...but the memory is still the waiting session's
+    full = Raw(r.addr, hello=False)      # now the runner is full, for a resume too
+    assert full.error()[0] == P.ELIMIT
+    other.close()
+    time.sleep(0.3)
+    n, _, _ = tresume(r.addr, c.info["session"], k["secret"], sent, received)
+    assert n.frame()[0] == P.RRESUME and n.read(1, 0, 16) == b"\7" * 16
+    time.sleep(0.3)
+    assert Raw(r.addr, hello=False).error()[0] == P.ELIMIT   # the resumed session holds the place again
   finally: r.stop()
 
 def test_no_resume_without_grace():
