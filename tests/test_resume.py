@@ -324,3 +324,21 @@ def test_the_client_resumes_with_its_token(tmp_path):
       c.read(1, 0, out)
       assert out == bytes(range(64)) and c.stats()["resumes"] == 1
   finally: r.stop()
+
+def test_uploads_through_the_cache_survive_cuts(tmp_path):
+  """Process isolation with a cache: the session process sits under its cache helper (cachelink.c) and still takes the resumed
+  connection; a cut in the middle of a Twrite that the runner also caches, and one among Twritehash frames, both resume."""
+  r = RunnerProc("--isolation", "process", "--cache-dir", str(tmp_path / "cache"))
+  try:
+    data = np.random.default_rng(2).integers(0, 255, 8 << 20, dtype=np.uint8)
+    for cut in ((P.TWRITE, 1 << 20, 2), (P.TWRITEHASH, 0, 3)):   # the first session stores the chunks, the second names them
+      with LinkCutter(r.addr) as lc, Runner(lc.addr) as c:
+        assert c.info.caps & P.CAP_CACHE and c.info.caps & P.CAP_RESUME
+        c.alloc(1, data.nbytes)
+        lc.cut_in(up=cut[0], min_size=cut[1], skip=cut[2])
+        c.write(1, 0, data)
+        out = np.empty_like(data)
+        c.read(1, 0, out)
+        assert (out == data).all() and c.stats()["resumes"] == 1 and lc.pending() == 0
+    assert c.stats()["bytes_sent"] < 1 << 20, c.stats()   # the second session named its 8 chunks instead of sending them
+  finally: r.stop()
