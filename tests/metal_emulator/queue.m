@@ -228,6 +228,7 @@ cmd_release(struct emu_cmd *c)
 
 - (void)dealloc
 {
+	EmuQueue *q;
 	size_t i;
 
 	if (atomic_load(&status) == MTLCommandBufferStatusNotEnqueued) {
@@ -241,8 +242,11 @@ cmd_release(struct emu_cmd *c)
 		cmd_release(&cmds[i]);
 	free(cmds);
 	[err release];
-	[queue release];
+	q = queue;
 	[super dealloc];
+	/* Last: if this frees the queue, its log of live objects must no
+	 * longer count this command buffer. */
+	[q release];
 }
 
 @end
