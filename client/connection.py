@@ -315,6 +315,21 @@ class Runner:
     self._flush(self._sent[tag])
     return None
 
+  def grant(self, h:int, offset:int, count:int, ttl:int=60) -> tuple[int, bytes]:
+    """A one-time grant for another runner to write count bytes into buffer h at offset, for ttl seconds: (grant, secret).
+    Pass both to the source runner's peer_send (protocol.md, Copies between runners)."""
+    f = self._wait(self._send(P.TGRANT, f"Tgrant handle={h} offset={offset} count={count}", handle=h, ttl=ttl, offset=offset, count=count),
+                   P.RGRANT)
+    return f["grant"], f["secret"]
+
+  def peer_send(self, h:int, offset:int, count:int, host:str, port:int, grant:int, secret:bytes) -> float:
+    """Send count bytes of buffer h at offset straight to the runner at host:port, into the range of its grant; waits until that runner
+    has them and returns the seconds it took. RunnerError EPEER: this runner cannot reach that one (copy through the host instead)."""
+    hb = host.encode()
+    tag = self._send(P.TPEERSEND, f"Tpeersend handle={h} offset={offset} count={count} to {host}:{port}", 0, [hb], handle=h, port=port,
+                     hostlen=len(hb), offset=offset, count=count, grant=grant, secret=secret)
+    return self._wait(tag, P.RPEERSEND)["ns"] * 1e-9
+
   def graph_free(self, gid:int): self._send(P.TGRAPHFREE, f"Tgraphfree graph={gid}", graph=gid)
   def sync(self): self._wait(self._small(P.TSYNC, _HDR, "Tsync"), P.RSYNC)
 

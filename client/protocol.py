@@ -5,7 +5,7 @@ Every frame is packed and unpacked with struct (little-endian, no implicit paddi
 tests/test_protocol_layout.py checks every size, offset and constant here against the C structs and proto.c.
 """
 from __future__ import annotations
-import re, struct, zlib
+import hashlib, hmac, re, struct, zlib
 
 MAGIC = 0x524c544d  # the bytes "MTLR"
 VERSION = 1
@@ -21,6 +21,7 @@ NO_CORE = 65535
 PROFILE_RECORDS = 65536  # records a session's profile holds
 HASH_SIZE = 32  # a SHA-256, the cache's content name
 CACHE_PINS = 4096  # cached contents a session keeps (Thave)
+SECRET_SIZE, MAX_GRANTS, MAX_GRANT_TTL, MAX_PEER_HOST = 32, 64, 600, 255  # copies between runners
 
 # message types: a T-message is a request, its R-message (T+1) the reply
 RERROR = 1
@@ -30,6 +31,7 @@ TLAUNCH, RLAUNCH, TGRAPH, TGRAPHRUN, RGRAPHRUN, TGRAPHFREE = 24, 25, 26, 28, 29,
 TCLOCK, RCLOCK, TPROFILE, RPROFILE = 32, 33, 34, 35
 THAVE, RHAVE, TWRITEHASH = 36, 37, 38  # CAP_CACHE
 TRESUMEKEY, RRESUMEKEY, TRESUME, RRESUME = 46, 47, 48, 49  # CAP_RESUME
+TGRANT, RGRANT, TPEERSEND, RPEERSEND, TPEER, RPEER = 40, 41, 42, 43, 44, 45  # copies between runners; Tpeer/Rpeer: peer connections only
 
 FWAIT = 1  # hdr.flags on Tlaunch/Tgraphrun: wait and reply with the device time
 FCACHE = 2  # hdr.flags on Twrite (CAP_CACHE): the runner also keeps the data in its cache
@@ -38,9 +40,10 @@ EPROTO, EVERSION, EAUTH, ESTATE, EHANDLE, EEXIST, ERANGE, EINVAL = 1, 2, 3, 4, 5
 ENOMEM, ELIMIT, EKIND, EPROGRAM, EDEVICE, EMORE, ECRASH, ETIMEOUT = 9, 10, 11, 12, 13, 14, 15, 16
 ENOTCACHED, ECACHE = 17, 18
 ERESUME = 21
+EGRANT, EPEER = 19, 20
 ERRORS = {EPROTO: "EPROTO", EVERSION: "EVERSION", EAUTH: "EAUTH", ESTATE: "ESTATE", EHANDLE: "EHANDLE", EEXIST: "EEXIST",
           ERANGE: "ERANGE", EINVAL: "EINVAL", ENOMEM: "ENOMEM", ELIMIT: "ELIMIT", EKIND: "EKIND", EPROGRAM: "EPROGRAM",
-          EDEVICE: "EDEVICE", EMORE: "EMORE", ECRASH: "ECRASH", ETIMEOUT: "ETIMEOUT", ENOTCACHED: "ENOTCACHED", ECACHE: "ECACHE", ERESUME: "ERESUME"}
+          EDEVICE: "EDEVICE", EMORE: "EMORE", ECRASH: "ECRASH", ETIMEOUT: "ETIMEOUT", ENOTCACHED: "ENOTCACHED", ECACHE: "ECACHE", ERESUME: "ERESUME", EGRANT: "EGRANT", EPEER: "EPEER"}
 # after an Rerror with one of these codes the runner closes the connection
 FATAL_ERRORS = {EPROTO, EVERSION, EAUTH, ESTATE, ECRASH, ETIMEOUT, ERESUME}
 
@@ -49,6 +52,7 @@ BACKENDS = {BACKEND_CPU: "cpu", BACKEND_METAL: "metal"}
 CAP_AUTH, CAP_UNIFIED, CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, CAP_PROFILE = 1, 2, 4, 8, 16, 32
 CAP_CACHE = 64
 CAP_RESUME = 256
+CAP_PEER = 128
 PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE = 1, 2, 3
 PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_METAL_SOURCE: CAP_METAL_SOURCE}
 ARCH_NONE, ARCH_X86_64, ARCH_ARM64, ARCH_RISCV64 = 0, 1, 2, 3
@@ -117,7 +121,13 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (TRESUMEKEY, "Tresumekey", ("I", ("mode",))),
   (RRESUMEKEY, "Rresumekey", ("IQ32s", ("grace", "log", "secret"))),
   (TRESUME, "Tresume", ("IQQ32s32s", ("session", "sent", "received", "cnonce", "mac"))),
-  (RRESUME, "Rresume", ("IQ32s", ("pad", "processed", "mac")))]}
+  (RRESUME, "Rresume", ("IQ32s", ("pad", "processed", "mac"))),
+  (TGRANT, "Tgrant", ("IIQQ", ("handle", "ttl", "offset", "count"))),
+  (RGRANT, "Rgrant", ("IQ32s", ("pad", "grant", "secret"))),
+  (TPEERSEND, "Tpeersend", ("IHHQQQ32s", ("handle", "port", "hostlen", "offset", "count", "grant", "secret"))),
+  (RPEERSEND, "Rpeersend", _TIME),
+  (TPEER, "Tpeer", ("IIQQ32s32s", ("magic", "version", "grant", "count", "cnonce", "mac"))),
+  (RPEER, "Rpeer", ("IQ32s", ("pad", "count", "mac")))]}
 TYPE_NAMES = {t: m.name for t, m in MSGS.items()}
 
 # records inside frames: a launch (Tlaunch, Tgraph) with its buffer args and int64 values, a Tgraphrun patch
@@ -147,10 +157,16 @@ def payload_len(type:int, f:dict) -> int|None:
   if type in (RERROR, TPING, RPING, RREAD, TWRITE, RHAVE): return f["count"]
   if type == THAVE: return HASH_SIZE * f["count"]
   if type == TLOAD: return f["namelen"] + f["datalen"]
+  if type == TPEERSEND: return f["hostlen"]
   if type == TLAUNCH: return 16 * f["nbufs"] + 8 * f["nvals"]
   if type == TGRAPHRUN: return 24 * f["count"]
   if type == RPROFILE: return PROF.size * f["count"]
   return None if type == TGRAPH else 0
+
+PEER_SRC, PEER_DST, PEER_DONE = b"metal_runner peer src", b"metal_runner peer dst", b"metal_runner peer done"
+def peer_mac(secret:bytes, label:bytes, grant:int, count:int, cnonce:bytes) -> bytes:
+  """HMAC-SHA256(secret, label || grant[8] || count[8] || cnonce[32]): the proofs of a peer connection (protocol.md, Tpeer, Rpeer)."""
+  return hmac.new(secret, label + struct.pack("<QQ", grant, count) + cnonce, hashlib.sha256).digest()
 
 def dims(d) -> tuple[int, int, int]: return tuple(d) + (1,) * (3 - len(d))
 

@@ -10,9 +10,9 @@ from tinygrad.engine.jit import GraphRunner
 from tinygrad.helpers import DEBUG, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
 from tinygrad.uop.ops import UOp
-from client.connection import Runner, RunnerConnectionError
+from client.connection import Runner, RunnerConnectionError, RunnerError, parse_addr
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE
+from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EPEER
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import runner_addrs
@@ -134,9 +134,30 @@ class RemoteAllocator(LRUAllocator['RemoteDevice']):
     if src_dev is dest_dev:
       if dest_dev.profiler is not None: dest_dev.profiler.issued()
       dest_dev.runner.copy(dest[0], dest[1], src[0], src[1], sz)
-    else:  # two runners: through this host
+    elif not peer_copy(dest, src, sz, src_dev, dest_dev):  # two runners that cannot reach each other: through this host
       src_dev.runner.read(src[0], src[1], mv:=memoryview(bytearray(sz)))
       dest_dev.runner.write(dest[0], dest[1], mv)
+
+# *** copies between runners (protocol.md, Copies between runners): METAL_RUNNER_PEER=0 sends them through this host
+
+PEER = getenv("METAL_RUNNER_PEER", 1)
+unreachable: set[tuple[str, str]] = set()   # (source, destination) runner addresses whose direct copy failed to connect: not tried again
+
+def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) -> bool:
+  """Copy sz bytes straight from the source runner to the destination runner: a one-time grant from the destination's session, which the
+  source's session uses to push the bytes. The destination has them when this returns. False: they cannot reach each other (DEBUG>=1 says
+  so), copy through this host."""
+  s, d = src_dev.runner, dest_dev.runner
+  if not PEER or not s.info.caps & d.info.caps & CAP_PEER or (s.addr, d.addr) in unreachable: return False
+  grant, secret = d.grant(dest[0], dest[1], sz)
+  host, port = parse_addr(d.addr)   # the destination as this host reaches it; the source must reach it there too, or the copy falls back
+  try: s.peer_send(src[0], src[1], sz, host, port, grant, secret)
+  except RunnerError as e:
+    if e.code != EPEER: raise
+    unreachable.add((s.addr, d.addr))
+    if DEBUG >= 1: print(f"{src_dev.device} -> {dest_dev.device}: {e}; copying through this host", file=sys.stderr)
+    return False
+  return True
 
 class RemoteGraph(GraphRunner):
   """A TinyJit batch: sent once as a runner graph (on the first call, when every symbolic value is known); each call is one Tgraphrun

@@ -119,7 +119,7 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.maxmsg = s->maxmsg;
 	r.rhello.backend = info->backend;
 	/* Tclock and Tprofile are the session's, on every backend. */
-	r.rhello.caps = info->caps | PROTO_CAP_PROFILE |
+	r.rhello.caps = info->caps | PROTO_CAP_PROFILE | PROTO_CAP_PEER |
 	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0) |
 	    (s->cache != NULL ? PROTO_CAP_CACHE : 0) |
 	    (resume_offered(s) ? PROTO_CAP_RESUME : 0);
@@ -243,4 +243,12 @@ sess_auth(struct session *s, const union proto_msg *m, const char *peer)
 	s->state = S_READY;
 	log_info("session %u: authenticated", s->id);
 	return sess_reply(s, &r, NULL, 0);
+}
+
+/* Random bytes for the rest of the daemon (peer.c's grant secrets and
+ * peer_net.c's nonces): the same source as the handshake's nonces. */
+void
+sess_random(uint8_t *p, size_t n)
+{
+	random_bytes(p, n);
 }

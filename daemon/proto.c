@@ -151,6 +151,28 @@ static const struct field f_twritehash[] = {
 	FI(proto_twritehash, count, 24), FB(proto_twritehash, hash, 32)
 };
 
+static const struct field f_tgrant[] = {
+	FI(proto_tgrant, handle, 12), FI(proto_tgrant, ttl, 16),
+	FI(proto_tgrant, offset, 20), FI(proto_tgrant, count, 28)
+};
+static const struct field f_rgrant[] = {
+	FI(proto_rgrant, grant, 16), FB(proto_rgrant, secret, 24)
+};
+static const struct field f_tpeersend[] = {
+	FI(proto_tpeersend, handle, 12), FI(proto_tpeersend, port, 16),
+	FI(proto_tpeersend, hostlen, 18), FI(proto_tpeersend, offset, 20),
+	FI(proto_tpeersend, count, 28), FI(proto_tpeersend, grant, 36),
+	FB(proto_tpeersend, secret, 44)
+};
+static const struct field f_tpeer[] = {
+	FI(proto_tpeer, magic, 12), FI(proto_tpeer, version, 16),
+	FI(proto_tpeer, grant, 20), FI(proto_tpeer, count, 28),
+	FB(proto_tpeer, cnonce, 36), FB(proto_tpeer, mac, 68)
+};
+static const struct field f_rpeer[] = {
+	FI(proto_rpeer, count, 16), FB(proto_rpeer, mac, 24)
+};
+
 /* Records inside a frame; offsets are from the start of the record. */
 static const struct field f_launch[] = {
 	FI(proto_launch, prog, 0), FI(proto_launch, nbufs, 4),
@@ -218,7 +240,13 @@ static const struct msgdef msgs[] = {
 	[PROTO_TRESUMEKEY] = M("Tresumekey", 16, f_tresumekey),
 	[PROTO_RRESUMEKEY] = M("Rresumekey", 56, f_rresumekey),
 	[PROTO_TRESUME] = M("Tresume", 96, f_tresume),
-	[PROTO_RRESUME] = M("Rresume", 56, f_rresume)
+	[PROTO_RRESUME] = M("Rresume", 56, f_rresume),
+	[PROTO_TGRANT] = M("Tgrant", 36, f_tgrant),
+	[PROTO_RGRANT] = M("Rgrant", 56, f_rgrant),
+	[PROTO_TPEERSEND] = M("Tpeersend", 76, f_tpeersend),
+	[PROTO_RPEERSEND] = M("Rpeersend", 24, f_rtime),
+	[PROTO_TPEER] = M("Tpeer", 100, f_tpeer),
+	[PROTO_RPEER] = M("Rpeer", 56, f_rpeer)
 };
 
 static const char *const errnames[] = {
@@ -231,7 +259,8 @@ static const char *const errnames[] = {
 	[PROTO_EDEVICE] = "EDEVICE",	[PROTO_EMORE] = "EMORE",
 	[PROTO_ECRASH] = "ECRASH",	[PROTO_ETIMEOUT] = "ETIMEOUT",
 	[PROTO_ENOTCACHED] = "ENOTCACHED", [PROTO_ECACHE] = "ECACHE",
-	[PROTO_ERESUME] = "ERESUME"
+	[PROTO_ERESUME] = "ERESUME",
+	[PROTO_EGRANT] = "EGRANT",	[PROTO_EPEER] = "EPEER"
 };
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -459,6 +488,12 @@ proto_check_size(const union proto_msg *m, char *err)
 	case PROTO_RREAD:
 		if (!size_is(size, d->size, m->rread.count))
 			goto count;
+		return 0;
+	case PROTO_TPEERSEND:
+		if (!size_is(size, d->size, m->tpeersend.hostlen))
+			return fail(err, "Tpeersend frame size %" PRIu32 " is not "
+			    "its %" PRIu32 "-byte fixed part + hostlen %u", size,
+			    d->size, (unsigned)m->tpeersend.hostlen);
 		return 0;
 	case PROTO_TWRITE:
 		if (!size_is(size, d->size, m->twrite.count))

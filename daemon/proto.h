@@ -47,6 +47,11 @@ union proto_msg {
 	struct proto_rresumekey rresumekey;
 	struct proto_tresume tresume;
 	struct proto_rresume rresume;
+	struct proto_tgrant tgrant;
+	struct proto_rgrant rgrant;
+	struct proto_tpeersend tpeersend;	/* Rpeersend is a proto_rtime */
+	struct proto_tpeer tpeer;
+	struct proto_rpeer rpeer;
 };
 
 /* Size of the fixed part (header included) of a message type, 0 if the

@@ -37,6 +37,10 @@
 #define PROTO_PROFILE_RECORDS 65536	/* records a session's profile holds */
 #define PROTO_HASH_SIZE 32		/* a SHA-256, the cache's content name */
 #define PROTO_CACHE_PINS 4096		/* cached contents a session keeps (Thave) */
+#define PROTO_SECRET_SIZE 32		/* a peer grant's secret */
+#define PROTO_MAX_GRANTS 64		/* grants a session holds at once */
+#define PROTO_MAX_GRANT_TTL 600		/* seconds a grant may live */
+#define PROTO_MAX_PEER_HOST 255		/* Tpeersend hostlen */
 
 /* Message types: a T-message is a request, its R-message the reply (T+1). */
 enum proto_type {
@@ -61,7 +65,12 @@ enum proto_type {
 	PROTO_THAVE = 36,	PROTO_RHAVE = 37,	/* CAP_CACHE */
 	PROTO_TWRITEHASH = 38,				/* CAP_CACHE, no reply */
 	PROTO_TRESUMEKEY = 46,	PROTO_RRESUMEKEY = 47,	/* CAP_RESUME */
-	PROTO_TRESUME = 48,	PROTO_RRESUME = 49	/* CAP_RESUME */
+	PROTO_TRESUME = 48,	PROTO_RRESUME = 49,	/* CAP_RESUME */
+	/* Copies between runners (protocol.md, Copies between runners):
+	 * Tpeer and Rpeer travel only on a peer connection, never a session. */
+	PROTO_TGRANT = 40,	PROTO_RGRANT = 41,
+	PROTO_TPEERSEND = 42,	PROTO_RPEERSEND = 43,
+	PROTO_TPEER = 44,	PROTO_RPEER = 45
 };
 
 /* hdr.flags */
@@ -90,7 +99,9 @@ enum proto_error {
 	PROTO_ETIMEOUT = 16,	/* a kernel or the client exceeded a time limit */
 	PROTO_ENOTCACHED = 17,	/* Twritehash: the session holds no such content */
 	PROTO_ECACHE = 18,	/* cached content failed verification: dropped */
-	PROTO_ERESUME = 21	/* the session cannot be resumed; connection closed */
+	PROTO_ERESUME = 21,	/* the session cannot be resumed; connection closed */
+	PROTO_EGRANT = 19,	/* a peer grant is unknown, used, expired or forged */
+	PROTO_EPEER = 20	/* the destination runner cannot be reached */
 };
 
 /* Rhello.backend */
@@ -108,7 +119,8 @@ enum proto_cap {
 	PROTO_CAP_METAL_SOURCE = 16,	/* accepts PROTO_PROG_METAL_SOURCE */
 	PROTO_CAP_PROFILE = 32,		/* accepts Tclock and Tprofile */
 	PROTO_CAP_CACHE = 64,		/* a content cache: Thave, Twritehash, FCACHE */
-	PROTO_CAP_RESUME = 256		/* sessions survive a dropped link */
+	PROTO_CAP_RESUME = 256,		/* sessions survive a dropped link */
+	PROTO_CAP_PEER = 128		/* accepts Tgrant, Tpeersend and peers */
 };
 
 /* Tload.kind */
@@ -441,6 +453,58 @@ struct proto_prof {
 	uint64_t start;
 	uint64_t end;
 	uint64_t count;
+};
+
+/* size[4] Tgrant tag[4] handle[4] ttl[4] offset[8] count[8] */
+struct proto_tgrant {
+	struct proto_hdr h;
+	uint32_t handle;
+	uint32_t ttl;
+	uint64_t offset;
+	uint64_t count;
+};
+
+/* size[4] Rgrant tag[4] pad[4] grant[8] secret[32] */
+struct proto_rgrant {
+	struct proto_hdr h;
+	uint32_t pad;
+	uint64_t grant;
+	uint8_t secret[32];
+};
+
+/* size[4] Tpeersend tag[4] handle[4] port[2] hostlen[2] offset[8] count[8]
+ *   grant[8] secret[32] host[hostlen] */
+struct proto_tpeersend {
+	struct proto_hdr h;
+	uint32_t handle;
+	uint16_t port;
+	uint16_t hostlen;
+	uint64_t offset;
+	uint64_t count;
+	uint64_t grant;
+	uint8_t secret[32];
+};
+
+/* Rpeersend: size[4] Rpeersend tag[4] pad[4] ns[8], a proto_rtime. */
+
+/* size[4] Tpeer tag[4] magic[4] version[4] grant[8] count[8] cnonce[32]
+ *   mac[32]: the first frame of a peer connection */
+struct proto_tpeer {
+	struct proto_hdr h;
+	uint32_t magic;
+	uint32_t version;
+	uint64_t grant;
+	uint64_t count;
+	uint8_t cnonce[32];
+	uint8_t mac[32];
+};
+
+/* size[4] Rpeer tag[4] pad[4] count[8] mac[32] */
+struct proto_rpeer {
+	struct proto_hdr h;
+	uint32_t pad;
+	uint64_t count;
+	uint8_t mac[32];
 };
 
 #endif

@@ -49,6 +49,7 @@
 #include "metal_runner.h"
 #include "proto.h"
 #include "resume.h"
+#include "session.h"
 #include "slots.h"
 
 struct thread_arg {
@@ -71,6 +72,24 @@ static int nactive;
  * still reaches it (valgrind counts it in use, not lost). */
 static struct pollfd *pfds;
 static int *pslots;
+
+/*
+ * Peer connections (peer.c): each session has an inbox, a unix socket
+ * pair; the connection that turns out to be a peer passes its socket to
+ * the session its grant names over the write end, with SCM_RIGHTS. The
+ * table is this process's own memory, not the shared slot table: a
+ * session process gets a copy at fork whose descriptors are exactly the
+ * ones it inherited, and gives them all up when its first frame is a
+ * Thello (mr_peer_forget()), so only a connection that is a peer keeps
+ * them, for the moment it takes to hand itself over.
+ */
+struct route {
+	uint32_t id;	/* the session in the slot */
+	int w, r;	/* its inbox: the end peers write to, its own end */
+};
+static struct route *routes;
+static int in_session_process;
+static void route_close(int slot);
 
 static const struct backend *backends[] = {
 #ifdef MR_BACKEND_METAL
@@ -162,6 +181,7 @@ reap(int block)
 		else if (WEXITSTATUS(status) == 4)
 			log_warn("session %u ended: a kernel ran past the time "
 			    "limit", sl->id);
+		route_close((int)i);
 		slot_free((int)i);
 		nactive--;
 	}
@@ -177,6 +197,89 @@ refuse(int fd, uint32_t code, const char *text)
 	close(fd);
 }
 
+static void
+route_open(int slot, uint32_t id)
+{
+	int sp[2];
+
+	routes[slot].id = id;
+	routes[slot].w = routes[slot].r = -1;
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp) == -1) {
+		log_warn("session %u: no inbox for peers: %s", id,
+		    strerror(errno));
+		return;
+	}
+	routes[slot].r = sp[0];
+	routes[slot].w = sp[1];
+}
+
+static void
+route_close(int slot)
+{
+	if (routes == NULL)
+		return;
+	if (routes[slot].w != -1)
+		close(routes[slot].w);
+	if (routes[slot].r != -1)
+		close(routes[slot].r);
+	routes[slot].w = routes[slot].r = -1;
+}
+
+/* The session in slot takes its end of the inbox (it closes it). */
+int
+mr_peer_inbox(int slot)
+{
+	int fd = -1;
+
+	if (routes == NULL || slot < 0)
+		return -1;
+	pthread_mutex_lock(&slots_lock);
+	fd = routes[slot].r;
+	routes[slot].r = -1;
+	pthread_mutex_unlock(&slots_lock);
+	return fd;
+}
+
+/* Pass fd and its first frame to session id's inbox. */
+int
+mr_peer_handoff(uint32_t id, const uint8_t *frame, size_t len, int fd,
+    char *err)
+{
+	uint32_t i;
+	int rc = -1;
+
+	if (routes == NULL) {
+		snprintf(err, PROTO_ERRLEN, "this runner takes no peers");
+		return -1;
+	}
+	pthread_mutex_lock(&slots_lock);
+	for (i = 0; i < slot_count(); i++)
+		if (routes[i].w != -1 && routes[i].id == id)
+			break;
+	if (i == slot_count())
+		snprintf(err, PROTO_ERRLEN, "no session %u", id);
+	else if ((rc = peer_send_fd(routes[i].w, frame, len, fd)) == -1)
+		snprintf(err, PROTO_ERRLEN, "session %u takes no peer now: %s",
+		    id, strerror(errno));
+	pthread_mutex_unlock(&slots_lock);
+	return rc;
+}
+
+/* A session process that is a client's: give up the other inboxes. */
+void
+mr_peer_forget(void)
+{
+	uint32_t i;
+
+	if (!in_session_process || routes == NULL)
+		return;
+	for (i = 0; i < slot_count(); i++) {
+		if (routes[i].w != -1)
+			close(routes[i].w);
+		routes[i].w = -1;
+	}
+}
+
 static void *
 session_thread(void *arg)
 {
@@ -184,6 +287,7 @@ session_thread(void *arg)
 
 	sess_serve(ta->ctx, ta->fd, ta->id, ta->slot, ta->peer);
 	pthread_mutex_lock(&slots_lock);
+	route_close(ta->slot);
 	slot_free(ta->slot);
 	nactive--;
 	pthread_cond_signal(&slots_idle);
@@ -204,6 +308,7 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 
 	close(lfd);
 	resume_child();
+	in_session_process = 1;
 #ifdef __linux__
 	/* A session must not outlive its runner (a SIGKILLed daemon would
 	 * leave orphans serving and holding memory). The parent may already
@@ -235,7 +340,8 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	sess_crash_handlers = 1;
 	/* Before the first byte from the client is read: a kernel is code
 	 * from the client, and so is anything a parser bug would run. */
-	if (confine_session(ctx->cfg, err) == -1) {
+	if (peer_broker_attach(err) == -1 ||
+	    confine_session(ctx->cfg, err) == -1) {
 		log_warn("session %u: %s", id, err);
 		refuse(fd, PROTO_EDEVICE, "the runner cannot start a confined "
 		    "session; its log says why");
@@ -337,6 +443,11 @@ serve(const struct mr_config *cfg)
 		goto out;
 	}
 
+	if ((routes = calloc(slot_count(), sizeof(*routes))) == NULL) {
+		log_warn("cannot allocate the session inboxes");
+		goto out;
+	}
+
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_stop_signal;
 	sigemptyset(&sa.sa_mask);
@@ -360,6 +471,11 @@ serve(const struct mr_config *cfg)
 	    "isolation, listening on %s:%d\n", MR_VERSION, ctx.be->name,
 	    info.name, info.arch, info.cpu, iso == BE_ISOLATE_PROCESS ?
 	    "process" : "thread", cfg->host, port);
+	/* Confined session processes make peer connections through the
+	 * broker (peer_net.c); without it they copy through the client. */
+	if (iso == BE_ISOLATE_PROCESS &&
+	    peer_broker_start(cfg, lfd, err) == -1)
+		log_warn("%s; copies between runners go through clients", err);
 	if (cfg->on_listen != NULL)
 		cfg->on_listen(cfg->host, port, cfg->on_listen_arg);
 
@@ -433,6 +549,9 @@ serve(const struct mr_config *cfg)
 		if (resume_open(cfg, slot) == -1)
 			log_warn("session %u: no control socket (%s): it cannot "
 			    "be resumed", next_id, strerror(errno));
+		pthread_mutex_lock(&slots_lock);
+		route_open(slot, next_id);
+		pthread_mutex_unlock(&slots_lock);
 		if (iso == BE_ISOLATE_PROCESS) {
 			pid_t pid = fork();
 			if (pid == 0)
@@ -442,12 +561,16 @@ serve(const struct mr_config *cfg)
 				log_warn("fork: %s", strerror(errno));
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
 				resume_forked(slot);
+				route_close(slot);
 				slot_free(slot);
 				nactive--;
 			} else {
 				slot_get(slot)->pid = pid;
 				resume_forked(slot);
 				close(fd);
+				/* The session's end is its own now. */
+				close(routes[slot].r);
+				routes[slot].r = -1;
 			}
 		} else {
 			struct thread_arg *ta = calloc(1, sizeof(*ta));
@@ -466,6 +589,7 @@ serve(const struct mr_config *cfg)
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
 				pthread_mutex_lock(&slots_lock);
 				resume_forked(slot);
+				route_close(slot);
 				slot_free(slot);
 				nactive--;
 				pthread_mutex_unlock(&slots_lock);
@@ -483,6 +607,14 @@ serve(const struct mr_config *cfg)
 		resume_close();
 	rc = 0;
 out:
+	peer_broker_stop();
+	if (routes != NULL && nactive == 0) {
+		uint32_t i;
+		for (i = 0; i < slot_count(); i++)
+			route_close((int)i);
+		free(routes);
+		routes = NULL;
+	}
 	if (lfd != -1)
 		close(lfd);
 	free(pfds);

@@ -255,6 +255,16 @@ need(struct session *s, size_t n, int boundary)
 		}
 		if (sess_flush(s) == -1 || handshake_wait(s) == -1)
 			return -1;
+		/* Between requests a peer may come through the inbox. */
+		if (boundary && s->inlen == s->inoff && s->state == S_READY &&
+		    s->inbox != -1 && (r = sess_peer_wait(s)) != 1) {
+			if (r == 0)
+				continue;
+			log_warn("session %u: client stalled between frames "
+			    "for %d s; ending the session", s->id,
+			    cfg->idle_timeout);
+			return -1;
+		}
 		/* Between frames the idle limit applies; the socket's receive
 		 * timeout is the frame timeout, which may be longer. (A session
 		 * that may be resumed waits in resume_recv(), which also sees a
@@ -392,7 +402,8 @@ answered(const struct proto_hdr *h)
 	case PROTO_THELLO: case PROTO_TAUTH: case PROTO_TPING:
 	case PROTO_TSYNC: case PROTO_TREAD: case PROTO_TCLOCK:
 	case PROTO_TPROFILE: case PROTO_THAVE: case PROTO_TRESUMEKEY:
-	case PROTO_TRESUME:
+	case PROTO_TRESUME: case PROTO_TGRANT:
+	case PROTO_TPEERSEND:
 		return 1;
 	case PROTO_TLAUNCH: case PROTO_TGRAPHRUN:
 		return (h->flags & PROTO_FWAIT) != 0;
@@ -411,8 +422,15 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	const uint8_t *body = frame + proto_fixed_size(m->h.type);
 	int rc;
 
-	if (s->state == S_HELLO)
+	/* A peer runner's connection (peer.c): it is handed to the session
+	 * its grant names, and this one ends. Anything else is a client:
+	 * it gives up the other sessions' inboxes (server.c) first. */
+	if (s->state == S_HELLO && m->h.type == PROTO_TPEER)
+		return sess_peer_route(s, m, frame), -2;
+	if (s->state == S_HELLO) {
+		mr_peer_forget();
 		return sess_hello(s, m) == -1 ? -2 : 0;
+	}
 	if (s->state == S_AUTH)
 		return sess_auth(s, m, peer) == -1 ? -2 : 0;
 	switch (m->h.type) {
@@ -477,6 +495,15 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	case PROTO_TRESUME:
 		rc = resume_request(s, &m->tresume);
 		break;
+	case PROTO_TGRANT:
+		rc = sess_grant(s, &m->tgrant);
+		break;
+	case PROTO_TPEERSEND:
+		rc = sess_peersend(s, &m->tpeersend, body);
+		break;
+	case PROTO_TPEER:
+		return sess_fatal(s, m->h.tag, PROTO_ESTATE, "Tpeer is only the "
+		    "first frame of a peer connection") == -1 ? -2 : 0;
 	default:	/* proto_check_hdr admits only the types above */
 		return sess_fatal(s, m->h.tag, PROTO_EPROTO,
 		    "unexpected type") == -1 ? -2 : 0;
@@ -506,6 +533,7 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	s->maxmsg = ctx->cfg->maxmsg;
 	s->last_active = time(NULL);
 	s->peer = peer;
+	s->inbox = mr_peer_inbox(slot);
 	if (ctx->cfg->handshake_timeout > 0)
 		s->hs_deadline = mono_ms() +
 		    (int64_t)ctx->cfg->handshake_timeout * 1000;
@@ -607,6 +635,7 @@ done:
 		s->be->session_close(s->bs);
 	sess_prof_free(s);
 	cache_link_close(s->cache);
+	sess_peer_free(s);
 	mr_session_leave(slot);
 	resume_end(s);
 	if (s->fd != -1)

@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "metal_runner.h"
@@ -46,6 +47,15 @@ struct graph {
 };
 
 enum sess_state { S_HELLO, S_AUTH, S_READY };
+
+/* A grant this session issued (peer.c): one range of one buffer, once. */
+struct peer_grant {
+	uint64_t id;		/* session id << 32 | sequence number */
+	uint8_t secret[PROTO_SECRET_SIZE];
+	uint32_t handle;
+	uint64_t offset, count;
+	int64_t expires;	/* ms, monotonic */
+};
 
 struct session {
 	const struct mr_server_ctx *ctx;
@@ -90,6 +100,12 @@ struct session {
 	uint64_t nproc;		/* requests processed since the handshake */
 	int linkdown;		/* the connection failed (resume.c may replace it) */
 	int handed;		/* a Tresume passed this connection on */
+
+	/* peer.c: grants issued and not yet used or expired, and the inbox
+	 * where server.c hands over peer connections for them (-1: none). */
+	struct peer_grant *grants;
+	uint32_t ngrants, grantseq;
+	int inbox;
 
 	char err[PROTO_ERRLEN];
 };
@@ -182,5 +198,42 @@ ssize_t resume_recv(struct session *s, void *buf, size_t len);
 int resume_wait(struct session *s);
 void resume_free(struct session *s);
 void resume_end(struct session *s);
+
+/* peer.c: copies between runners */
+int sess_grant(struct session *s, const struct proto_tgrant *t);
+int sess_peersend(struct session *s, const struct proto_tpeersend *t,
+    const uint8_t *body);
+/* A connection whose first frame is a Tpeer: hand it to its session. */
+int sess_peer_route(struct session *s, const union proto_msg *m,
+    const uint8_t *frame);
+/* Between frames, with nothing buffered: 1 to read the client's socket,
+ * 0 when it served the inbox (or waited a while) and should be asked
+ * again. */
+int sess_peer_wait(struct session *s);
+void sess_peer_free(struct session *s);
+
+/* peer_net.c: the connection from a source runner to a destination */
+void peer_mac(const uint8_t *secret, const char *label, uint64_t grant,
+    uint64_t count, const uint8_t *cnonce, uint8_t out[32]);
+int peer_dial(const char *host, unsigned port, uint64_t grant,
+    const uint8_t *secret, uint64_t count, int timeout_s, uint8_t *cnonce,
+    uint32_t *code, char *err);
+int peer_connect(const char *host, unsigned port, uint64_t grant,
+    const uint8_t *secret, uint64_t count, int timeout_s, uint8_t *cnonce,
+    uint32_t *code, char *err);
+int peer_finish(int fd, uint64_t grant, const uint8_t *secret,
+    const uint8_t *cnonce, uint64_t count, uint32_t *code, char *err);
+int peer_recv_all(int fd, void *buf, size_t n);
+int peer_send_fd(int sock, const void *msg, size_t len, int fd);
+ssize_t peer_recv_fd(int sock, void *msg, size_t len, int *fd);
+int peer_broker_start(const struct mr_config *cfg, int lfd, char *err);
+void peer_broker_stop(void);
+int peer_broker_attach(char *err);
+
+/* server.c: the inboxes of this runner's sessions */
+int mr_peer_inbox(int slot);
+int mr_peer_handoff(uint32_t session, const uint8_t *frame, size_t len,
+    int fd, char *err);
+void mr_peer_forget(void);
 
 #endif

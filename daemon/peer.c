@@ -1,0 +1,399 @@
+/*
+ * peer.c: copies between runners, in a session (protocol.md, Copies
+ * between runners).
+ *
+ * The destination session issues a grant (Tgrant): a random secret bound
+ * to this session, one range of one buffer and a deadline, good for one
+ * transfer. The client gives it to the source session (Tpeersend), which
+ * gets a connection to the destination runner (peer_net.c), proves the
+ * grant and streams the range. The destination runner serves that
+ * connection like any other until its first frame shows it is a peer
+ * (Tpeer); then sess_peer_route() hands the socket to the session that
+ * owns the grant (server.c, through that session's inbox), and that
+ * session checks the grant and receives the bytes straight into the
+ * granted range, between two requests of its own client.
+ *
+ * The grant, not the runner's token, authenticates a peer: its secret
+ * is 32 random bytes that only the destination session and its
+ * authenticated client know, and it allows nothing but writing at most
+ * its count bytes into its range once, before it expires.
+ */
+#include <sys/types.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "session.h"
+
+static int64_t
+now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* memset that the compiler may not drop (explicit_bzero is not on macOS). */
+static void
+wipe(void *p, size_t n)
+{
+	volatile uint8_t *v = p;
+
+	while (n-- > 0)
+		*v++ = 0;
+}
+
+static int
+range_ok(uint64_t size, uint64_t offset, uint64_t count)
+{
+	return offset <= size && count <= size - offset;
+}
+
+static void
+drop_grant(struct session *s, uint32_t i)
+{
+	wipe(s->grants[i].secret, PROTO_SECRET_SIZE);
+	s->grants[i] = s->grants[--s->ngrants];
+}
+
+/* Forget the grants that have expired. */
+static void
+prune(struct session *s)
+{
+	int64_t now = now_ms();
+	uint32_t i = 0;
+
+	while (i < s->ngrants)
+		if (s->grants[i].expires <= now)
+			drop_grant(s, i);
+		else
+			i++;
+}
+
+int
+sess_grant(struct session *s, const struct proto_tgrant *t)
+{
+	struct buffer *b = htab_get(&s->bufs, t->handle);
+	struct peer_grant *g;
+	union proto_msg r;
+
+	prune(s);
+	if (b == NULL)
+		sess_errorf(s, t->h.tag, PROTO_EHANDLE, "no buffer with handle "
+		    "%u", t->handle);
+	else if (!range_ok(b->size, t->offset, t->count))
+		sess_errorf(s, t->h.tag, PROTO_ERANGE, "grant of %llu bytes at "
+		    "offset %llu is outside buffer %u of %llu bytes",
+		    (unsigned long long)t->count,
+		    (unsigned long long)t->offset, t->handle,
+		    (unsigned long long)b->size);
+	else if (t->count == 0 || t->ttl == 0 || t->ttl > PROTO_MAX_GRANT_TTL)
+		sess_errorf(s, t->h.tag, PROTO_EINVAL, "a grant needs a count "
+		    "above 0 and a ttl of 1 to %d s (count %llu, ttl %u)",
+		    PROTO_MAX_GRANT_TTL, (unsigned long long)t->count, t->ttl);
+	else if (s->ngrants >= PROTO_MAX_GRANTS)
+		sess_errorf(s, t->h.tag, PROTO_ELIMIT, "session holds %d "
+		    "unused grants, the limit", PROTO_MAX_GRANTS);
+	else if (s->grants == NULL && (s->grants = calloc(PROTO_MAX_GRANTS,
+	    sizeof(*s->grants))) == NULL)
+		sess_errorf(s, t->h.tag, PROTO_ENOMEM, "no memory for a grant");
+	else
+		goto issue;
+	return sess_fail_reply(s);
+issue:
+	g = &s->grants[s->ngrants++];
+	if (++s->grantseq == 0)
+		s->grantseq = 1;
+	g->id = (uint64_t)s->id << 32 | s->grantseq;
+	sess_random(g->secret, sizeof(g->secret));
+	g->handle = t->handle;
+	g->offset = t->offset;
+	g->count = t->count;
+	g->expires = now_ms() + (int64_t)t->ttl * 1000;
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RGRANT;
+	r.h.tag = t->h.tag;
+	r.rgrant.grant = g->id;
+	memcpy(r.rgrant.secret, g->secret, sizeof(g->secret));
+	return sess_reply(s, &r, NULL, 0);
+}
+
+int
+sess_peersend(struct session *s, const struct proto_tpeersend *t,
+    const uint8_t *body)
+{
+	struct buffer *b = htab_get(&s->bufs, t->handle);
+	char host[PROTO_MAX_PEER_HOST + 1];
+	uint8_t cnonce[PROTO_NONCE_SIZE];
+	const uint8_t *src;
+	union proto_msg r;
+	uint32_t code;
+	int64_t t0 = now_ms();
+	int fd;
+
+	if (t->hostlen == 0 || t->hostlen > PROTO_MAX_PEER_HOST ||
+	    memchr(body, '\0', t->hostlen) != NULL || t->port == 0 ||
+	    t->count == 0) {
+		sess_errorf(s, t->h.tag, PROTO_EINVAL, "Tpeersend needs a host "
+		    "of 1 to %d bytes without NUL, a port and a count above 0",
+		    PROTO_MAX_PEER_HOST);
+		return sess_fail_reply(s);
+	}
+	memcpy(host, body, t->hostlen);
+	host[t->hostlen] = '\0';
+	if (b == NULL) {
+		sess_errorf(s, t->h.tag, PROTO_EHANDLE, "no buffer with handle "
+		    "%u", t->handle);
+		return sess_fail_reply(s);
+	}
+	if (!range_ok(b->size, t->offset, t->count)) {
+		sess_errorf(s, t->h.tag, PROTO_ERANGE, "send of %llu bytes at "
+		    "offset %llu is outside buffer %u of %llu bytes",
+		    (unsigned long long)t->count,
+		    (unsigned long long)t->offset, t->handle,
+		    (unsigned long long)b->size);
+		return sess_fail_reply(s);
+	}
+	/* The copy observes the session's earlier work on the buffer. */
+	if (s->dirty) {
+		s->dirty = 0;
+		if (s->be->sync(s->bs, s->err) == -1) {
+			sess_errorf(s, t->h.tag, PROTO_EDEVICE, "%s", s->err);
+			return sess_fail_reply(s);
+		}
+	}
+	if (sess_flush(s) == -1)	/* queued replies go out before a wait */
+		return -2;
+	if ((fd = peer_connect(host, t->port, t->grant, t->secret, t->count,
+	    s->ctx->cfg->frame_timeout, cnonce, &code, s->err)) == -1) {
+		sess_errorf(s, t->h.tag, code, "%s", s->err);
+		return sess_fail_reply(s);
+	}
+	src = (const uint8_t *)s->be->contents(b->b) + t->offset;
+	if (net_send_all(fd, src, (size_t)t->count) == -1) {
+		code = PROTO_EPEER;
+		snprintf(s->err, sizeof(s->err), "sending to the destination "
+		    "runner: %s", strerror(errno));
+	} else if (peer_finish(fd, t->grant, t->secret, cnonce, t->count,
+	    &code, s->err) == 0)
+		code = 0;
+	close(fd);
+	wipe(cnonce, sizeof(cnonce));
+	if (code != 0) {
+		sess_errorf(s, t->h.tag, code, "%s", s->err);
+		return sess_fail_reply(s);
+	}
+	log_info("session %u: sent %llu bytes to the runner at %s:%u in %lld "
+	    "ms", s->id, (unsigned long long)t->count, host, t->port,
+	    (long long)(now_ms() - t0));
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RPEERSEND;
+	r.h.tag = t->h.tag;
+	r.rtime.ns = (uint64_t)(now_ms() - t0) * 1000000;
+	return sess_reply(s, &r, NULL, 0);
+}
+
+/* Refuse a peer: one Rerror on its connection, then close it. */
+static void
+refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
+    const char *text)
+{
+	uint8_t frame[PROTO_HDR_SIZE + 8 + 256];
+	size_t n = proto_put_rerror(frame, sizeof(frame), tag, code, text);
+
+	log_info("session %u: refusing a peer: %s: %s", s->id,
+	    proto_error_name(code), text);
+	net_send_all(fd, frame, n);
+	close(fd);
+}
+
+static int
+send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
+{
+	union proto_msg r;
+	uint8_t frame[sizeof(struct proto_rpeer) + 16];
+	size_t n;
+
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RPEER;
+	r.h.size = (uint32_t)proto_fixed_size(PROTO_RPEER);
+	r.h.tag = tag;
+	r.rpeer.count = count;
+	memcpy(r.rpeer.mac, mac, PROTO_MAC_SIZE);
+	n = proto_put(frame, sizeof(frame), &r);
+	return net_send_all(fd, frame, n);
+}
+
+static int
+mac_equal(const uint8_t *a, const uint8_t *b)
+{
+	uint8_t d = 0;
+	size_t i;
+
+	for (i = 0; i < PROTO_MAC_SIZE; i++)
+		d |= a[i] ^ b[i];
+	return d == 0;
+}
+
+/* A peer connection from the inbox: check its grant, take its bytes. */
+static void
+peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
+{
+	const struct proto_tpeer *p;
+	struct peer_grant g;
+	struct buffer *b;
+	union proto_msg m;
+	uint8_t mac[PROTO_MAC_SIZE];
+	int64_t t0 = now_ms();
+	uint32_t i;
+
+	if (len != proto_fixed_size(PROTO_TPEER) ||
+	    proto_get(frame, len, &m, NULL) == -1 || m.h.type != PROTO_TPEER) {
+		close(fd);
+		return;
+	}
+	p = &m.tpeer;
+	for (i = 0; i < s->ngrants && s->grants[i].id != p->grant; i++)
+		;
+	if (i == s->ngrants)
+		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "no such grant in "
+		    "this session: never issued, already used or expired");
+	peer_mac(s->grants[i].secret, "metal_runner peer src", p->grant,
+	    p->count, p->cnonce, mac);
+	/* A wrong proof does not use the grant up: whoever knows only its
+	 * number could otherwise spoil it for the client that holds it. */
+	if (!mac_equal(mac, p->mac))
+		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant's "
+		    "proof is wrong");
+	g = s->grants[i];
+	drop_grant(s, i);	/* used: never again, whatever follows */
+	if (p->magic != PROTO_MAGIC || p->version != PROTO_VERSION)
+		return refuse(s, fd, p->h.tag, PROTO_EVERSION, "this runner "
+		    "speaks protocol version 1");
+	if (p->count > g.count) {
+		char text[128];
+		snprintf(text, sizeof(text), "the peer offers %llu bytes; the "
+		    "grant allows %llu", (unsigned long long)p->count,
+		    (unsigned long long)g.count);
+		return refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
+	}
+	if ((b = htab_get(&s->bufs, g.handle)) == NULL ||
+	    !range_ok(b->size, g.offset, p->count))
+		return refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted "
+		    "buffer was freed or replaced since the grant");
+	/* Later work of the session observes the bytes (they land before
+	 * its next request is read); earlier work that may read the range
+	 * finishes before they land. */
+	if (s->dirty) {
+		s->dirty = 0;
+		if (s->be->sync(s->bs, s->err) == -1)
+			return refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+	}
+	peer_mac(g.secret, "metal_runner peer dst", g.id, p->count, p->cnonce,
+	    mac);
+	if (send_rpeer(fd, p->h.tag, 0, mac) == -1 ||
+	    peer_recv_all(fd, (uint8_t *)s->be->contents(b->b) + g.offset,
+	    (size_t)p->count) == -1) {
+		log_info("session %u: a peer's transfer broke off: %s", s->id,
+		    strerror(errno));
+		close(fd);
+		return;
+	}
+	peer_mac(g.secret, "metal_runner peer done", g.id, p->count,
+	    p->cnonce, mac);
+	send_rpeer(fd, p->h.tag, p->count, mac);
+	close(fd);
+	wipe(g.secret, sizeof(g.secret));
+	log_info("session %u: received %llu bytes from a peer into buffer %u "
+	    "in %lld ms", s->id, (unsigned long long)p->count, g.handle,
+	    (long long)(now_ms() - t0));
+}
+
+/*
+ * Wait for the client's next request or a peer, whichever comes first:
+ * 1 the client's socket is readable, 0 a peer was served (or a grant may
+ * have expired: ask again), -1 the client has been idle past the runner's
+ * idle timeout.
+ */
+int
+sess_peer_wait(struct session *s)
+{
+	int idle = s->ctx->cfg->idle_timeout, ms = -1;
+	uint8_t frame[256];
+	struct pollfd p[2];
+	ssize_t n;
+	int fd;
+
+	if (s->ngrants > 0) {
+		prune(s);
+		ms = 1000;	/* wake to drop grants as they expire */
+	}
+	if (idle > 0) {
+		int64_t left = ((int64_t)s->last_active + idle - time(NULL)) *
+		    1000;
+		if (left <= 0)
+			return -1;
+		if (ms == -1 || left < ms)
+			ms = (int)(left < INT32_MAX ? left : INT32_MAX);
+	}
+	p[0].fd = s->fd;
+	p[1].fd = s->inbox;
+	p[0].events = p[1].events = POLLIN;
+	p[0].revents = p[1].revents = 0;
+	if ((n = poll(p, 2, ms)) <= 0)
+		return n == 0 || errno == EINTR ? 0 : 1;
+	if (p[0].revents != 0)
+		return 1;
+	n = peer_recv_fd(s->inbox, frame, sizeof(frame), &fd);
+	if (n == 0) {		/* no one can hand us peers any more */
+		close(s->inbox);
+		s->inbox = -1;
+	} else if (n > 0 && fd != -1)
+		peer_accept(s, fd, frame, (size_t)n);
+	else if (fd != -1)
+		close(fd);
+	return 0;
+}
+
+int
+sess_peer_route(struct session *s, const union proto_msg *m,
+    const uint8_t *frame)
+{
+	uint32_t owner = (uint32_t)(m->tpeer.grant >> 32);
+
+	if (mr_peer_handoff(owner, frame, proto_fixed_size(PROTO_TPEER),
+	    s->fd, s->err) == -1) {
+		uint8_t out[PROTO_HDR_SIZE + 8 + 256];
+		size_t n;
+
+		log_info("session %u: peer connection from %s for session %u: "
+		    "%s", s->id, s->peer, owner, s->err);
+		n = proto_put_rerror(out, sizeof(out), m->h.tag, PROTO_EGRANT,
+		    "no session of this runner holds that grant");
+		net_send_all(s->fd, out, n);
+		return -1;
+	}
+	log_info("session %u: peer connection from %s handed to session %u",
+	    s->id, s->peer, owner);
+	return 0;
+}
+
+void
+sess_peer_free(struct session *s)
+{
+	if (s->grants != NULL)
+		wipe(s->grants, PROTO_MAX_GRANTS * sizeof(*s->grants));
+	free(s->grants);
+	s->grants = NULL;
+	s->ngrants = 0;
+	if (s->inbox != -1)
+		close(s->inbox);
+	s->inbox = -1;
+}
