@@ -122,11 +122,11 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (RRESUMEKEY, "Rresumekey", ("IQ32s", ("grace", "log", "secret"))),
   (TRESUME, "Tresume", ("IQQ32s32s", ("session", "sent", "received", "cnonce", "mac"))),
   (RRESUME, "Rresume", ("IQ32s", ("pad", "processed", "mac"))),
-  (TGRANT, "Tgrant", ("IIQQ", ("handle", "ttl", "offset", "count"))),
+  (TGRANT, "Tgrant", ("IQQII", ("handle", "offset", "count", "ttl", "pad"))),
   (RGRANT, "Rgrant", ("IQ32s", ("pad", "grant", "secret"))),
-  (TPEERSEND, "Tpeersend", ("IHHQQQ32s", ("handle", "port", "hostlen", "offset", "count", "grant", "secret"))),
+  (TPEERSEND, "Tpeersend", ("IQQQ32sHHI", ("handle", "offset", "count", "grant", "secret", "port", "hostlen", "pad"))),
   (RPEERSEND, "Rpeersend", _TIME),
-  (TPEER, "Tpeer", ("IIQQ32s32s", ("magic", "version", "grant", "count", "cnonce", "mac"))),
+  (TPEER, "Tpeer", ("IQQ32s32s", ("magic", "grant", "count", "cnonce", "mac"))),
   (RPEER, "Rpeer", ("IQ32s", ("pad", "count", "mac")))]}
 TYPE_NAMES = {t: m.name for t, m in MSGS.items()}
 

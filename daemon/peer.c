@@ -274,9 +274,9 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		    "proof is wrong");
 	g = s->grants[i];
 	drop_grant(s, i);	/* used: never again, whatever follows */
-	if (p->magic != PROTO_MAGIC || p->version != PROTO_VERSION)
-		return refuse(s, fd, p->h.tag, PROTO_EVERSION, "this runner "
-		    "speaks protocol version 1");
+	if (p->magic != PROTO_MAGIC)
+		return refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not "
+		    "a metal_runner peer");
 	if (p->count > g.count) {
 		char text[128];
 		snprintf(text, sizeof(text), "the peer offers %llu bytes; the "

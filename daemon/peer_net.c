@@ -231,7 +231,6 @@ peer_dial(const char *host, unsigned port, uint64_t grant,
 	m.h.type = PROTO_TPEER;
 	m.h.size = (uint32_t)proto_fixed_size(PROTO_TPEER);
 	m.tpeer.magic = PROTO_MAGIC;
-	m.tpeer.version = PROTO_VERSION;
 	m.tpeer.grant = grant;
 	m.tpeer.count = count;
 	memcpy(m.tpeer.cnonce, cnonce, PROTO_NONCE_SIZE);

@@ -152,22 +152,22 @@ static const struct field f_twritehash[] = {
 };
 
 static const struct field f_tgrant[] = {
-	FI(proto_tgrant, handle, 12), FI(proto_tgrant, ttl, 16),
-	FI(proto_tgrant, offset, 20), FI(proto_tgrant, count, 28)
+	FI(proto_tgrant, handle, 12), FI(proto_tgrant, offset, 16),
+	FI(proto_tgrant, count, 24), FI(proto_tgrant, ttl, 32)
 };
 static const struct field f_rgrant[] = {
 	FI(proto_rgrant, grant, 16), FB(proto_rgrant, secret, 24)
 };
 static const struct field f_tpeersend[] = {
-	FI(proto_tpeersend, handle, 12), FI(proto_tpeersend, port, 16),
-	FI(proto_tpeersend, hostlen, 18), FI(proto_tpeersend, offset, 20),
-	FI(proto_tpeersend, count, 28), FI(proto_tpeersend, grant, 36),
-	FB(proto_tpeersend, secret, 44)
+	FI(proto_tpeersend, handle, 12), FI(proto_tpeersend, offset, 16),
+	FI(proto_tpeersend, count, 24), FI(proto_tpeersend, grant, 32),
+	FB(proto_tpeersend, secret, 40), FI(proto_tpeersend, port, 72),
+	FI(proto_tpeersend, hostlen, 74)
 };
 static const struct field f_tpeer[] = {
-	FI(proto_tpeer, magic, 12), FI(proto_tpeer, version, 16),
-	FI(proto_tpeer, grant, 20), FI(proto_tpeer, count, 28),
-	FB(proto_tpeer, cnonce, 36), FB(proto_tpeer, mac, 68)
+	FI(proto_tpeer, magic, 12), FI(proto_tpeer, grant, 16),
+	FI(proto_tpeer, count, 24), FB(proto_tpeer, cnonce, 32),
+	FB(proto_tpeer, mac, 64)
 };
 static const struct field f_rpeer[] = {
 	FI(proto_rpeer, count, 16), FB(proto_rpeer, mac, 24)
@@ -241,11 +241,11 @@ static const struct msgdef msgs[] = {
 	[PROTO_RRESUMEKEY] = M("Rresumekey", 56, f_rresumekey),
 	[PROTO_TRESUME] = M("Tresume", 96, f_tresume),
 	[PROTO_RRESUME] = M("Rresume", 56, f_rresume),
-	[PROTO_TGRANT] = M("Tgrant", 36, f_tgrant),
+	[PROTO_TGRANT] = M("Tgrant", 40, f_tgrant),
 	[PROTO_RGRANT] = M("Rgrant", 56, f_rgrant),
-	[PROTO_TPEERSEND] = M("Tpeersend", 76, f_tpeersend),
+	[PROTO_TPEERSEND] = M("Tpeersend", 80, f_tpeersend),
 	[PROTO_RPEERSEND] = M("Rpeersend", 24, f_rtime),
-	[PROTO_TPEER] = M("Tpeer", 100, f_tpeer),
+	[PROTO_TPEER] = M("Tpeer", 96, f_tpeer),
 	[PROTO_RPEER] = M("Rpeer", 56, f_rpeer)
 };
 

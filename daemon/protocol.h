@@ -455,13 +455,14 @@ struct proto_prof {
 	uint64_t count;
 };
 
-/* size[4] Tgrant tag[4] handle[4] ttl[4] offset[8] count[8] */
+/* size[4] Tgrant tag[4] handle[4] offset[8] count[8] ttl[4] pad[4] */
 struct proto_tgrant {
 	struct proto_hdr h;
 	uint32_t handle;
-	uint32_t ttl;
 	uint64_t offset;
 	uint64_t count;
+	uint32_t ttl;
+	uint32_t pad;
 };
 
 /* size[4] Rgrant tag[4] pad[4] grant[8] secret[32] */
@@ -472,27 +473,27 @@ struct proto_rgrant {
 	uint8_t secret[32];
 };
 
-/* size[4] Tpeersend tag[4] handle[4] port[2] hostlen[2] offset[8] count[8]
- *   grant[8] secret[32] host[hostlen] */
+/* size[4] Tpeersend tag[4] handle[4] offset[8] count[8] grant[8]
+ *   secret[32] port[2] hostlen[2] pad[4] host[hostlen] */
 struct proto_tpeersend {
 	struct proto_hdr h;
 	uint32_t handle;
-	uint16_t port;
-	uint16_t hostlen;
 	uint64_t offset;
 	uint64_t count;
 	uint64_t grant;
 	uint8_t secret[32];
+	uint16_t port;
+	uint16_t hostlen;
+	uint32_t pad;
 };
 
 /* Rpeersend: size[4] Rpeersend tag[4] pad[4] ns[8], a proto_rtime. */
 
-/* size[4] Tpeer tag[4] magic[4] version[4] grant[8] count[8] cnonce[32]
- *   mac[32]: the first frame of a peer connection */
+/* size[4] Tpeer tag[4] magic[4] grant[8] count[8] cnonce[32] mac[32]: the
+ *   first frame of a peer connection */
 struct proto_tpeer {
 	struct proto_hdr h;
 	uint32_t magic;
-	uint32_t version;
 	uint64_t grant;
 	uint64_t count;
 	uint8_t cnonce[32];

@@ -18,7 +18,7 @@ def py_layouts() -> dict:
   return out
 
 def test_every_struct_has_a_python_layout():
-  assert len(STRUCTS) == 34 and set(STRUCTS) == set(py_layouts())
+  assert len(STRUCTS) == 39 and set(STRUCTS) == set(py_layouts())
 
 @pytest.mark.parametrize("struct", STRUCTS)
 def test_struct_layout(struct):
@@ -34,14 +34,14 @@ def test_fixed_sizes_and_request_types():
     assert lib.proto_fixed_size(t) == (P.MSGS[t].size if t in P.MSGS else 0), t
     assert lib.proto_is_request(t) == P.is_request(t), t
   assert lib.proto_fixed_size(0xffffffff) == 0 and lib.proto_fixed_size(65536 + P.TLOAD) == 0
-  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 46, 48]
+  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48]
 
 def test_constants():
   ffi, lib = build()
-  assert len(DEFINES) == 14 and len(ENUMS) == 11
+  assert len(DEFINES) == 18 and len(ENUMS) == 11
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 14 + 34 + 2 + 19 + 2 + 8 + 3 + 4 + 4 + 2 + 2 + 5
+  assert len(names) == 18 + 40 + 2 + 21 + 2 + 9 + 3 + 4 + 4 + 2 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
@@ -49,7 +49,7 @@ def test_names():
   ffi, lib = build()
   errs = {v: n.removeprefix("PROTO_") for n, v in ffi.typeof("enum proto_error").relements.items()}
   assert P.ERRORS == errs
-  for code in range(0, 40): assert ffi.string(lib.proto_error_name(code)).decode() == errs.get(code, "unknown")
+  for code in range(0, 50): assert ffi.string(lib.proto_error_name(code)).decode() == errs.get(code, "unknown")
   for t in range(0, 60):
     want = P.TYPE_NAMES.get(t, "unknown")
     assert ffi.string(lib.proto_type_name(t)).decode() == want
@@ -108,6 +108,13 @@ VECTORS = [
   (P.RRESUMEKEY, 0, 18, dict(grace=0x80000001, log=0x0102030405060708, secret=rb(32)), b""),
   (P.TRESUME, 0, 0, dict(session=0xfffffffe, sent=(1 << 64) - 1, received=0x1122334455667788, cnonce=rb(32), mac=rb(32)), b""),
   (P.RRESUME, 0, 0, dict(processed=0xa1a2a3a4a5a6a7a8, mac=rb(32)), b""),
+  (P.TGRANT, 0, 18, dict(handle=0xfffffff3, ttl=P.MAX_GRANT_TTL, offset=(1 << 63) + 1, count=0x0102030405060708), b""),
+  (P.RGRANT, 0, 18, dict(grant=0xfedcba9800000001, secret=rb(32)), b""),
+  (P.TPEERSEND, 0, 19, dict(handle=5, port=65535, hostlen=11, offset=0x1122334455667788, count=1 << 40, grant=0x0000000200000003,
+                            secret=rb(32)), b"192.168.1.2"),
+  (P.RPEERSEND, 0, 19, dict(ns=0xffffffff00000001), b""),
+  (P.TPEER, 0, 20, dict(magic=P.MAGIC, grant=(1 << 64) - 1, count=0x8000000000000000, cnonce=rb(32), mac=rb(32)), b""),
+  (P.RPEER, 0, 20, dict(count=0xa1a2a3a4a5a6a7a8, mac=rb(32)), b""),
 ]
 
 def test_vectors_cover_every_type():
