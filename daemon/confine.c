@@ -326,6 +326,19 @@ install_filter(char *err)
 
 #endif /* CONFINE_ARCH */
 
+/* The peer broker (peer_net.c) runs as --user's account too. It gets no
+ * filter: making connections is its job, and the filter forbids them. */
+int
+confine_broker(const struct mr_config *cfg, char *err)
+{
+	if (cfg->user != NULL && run_name == NULL &&
+	    lookup_user(cfg->user, err) == -1)
+		return -1;
+	if (cfg->user != NULL && switch_user(err) == -1)
+		return -1;
+	return 0;
+}
+
 int
 confine_user(const struct mr_config *cfg, char *err)
 {

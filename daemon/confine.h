@@ -20,5 +20,7 @@ int confine_user(const struct mr_config *cfg, char *err);
 /* In a session process, before its first request: switch to --user's
  * account, then allow only the system calls a session makes. */
 int confine_session(const struct mr_config *cfg, char *err);
+/* In the peer broker (peer_net.c): --user's account, no filter. */
+int confine_broker(const struct mr_config *cfg, char *err);
 
 #endif

@@ -34,6 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "confine.h"
 #include "session.h"
 
 #define PEER_CONNECT_MS 3000	/* a destination that does not answer */
@@ -396,7 +397,6 @@ peer_broker_start(const struct mr_config *cfg, int lfd, char *err)
 	int sp[2];
 	pid_t pid;
 
-	(void)cfg;
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp) == -1) {
 		snprintf(err, PROTO_ERRLEN, "%s: socketpair: %s", __func__,
 		    strerror(errno));
@@ -415,11 +415,17 @@ peer_broker_start(const struct mr_config *cfg, int lfd, char *err)
 #ifdef __linux__
 		if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 || getppid() == 1)
 			_exit(1);
+		/* Tests and ps tell it from the session processes by name. */
+		prctl(PR_SET_NAME, "mr_peer_broker");
 #endif
 		memset(&sa, 0, sizeof(sa));
 		sa.sa_handler = SIG_DFL;
 		sigaction(SIGINT, &sa, NULL);
 		sigaction(SIGTERM, &sa, NULL);
+		if (confine_broker(cfg, err) == -1) {
+			log_warn("peer broker: %s", err);
+			_exit(1);
+		}
 		broker_serve(sp[0]);
 		_exit(0);
 	}
