@@ -443,10 +443,19 @@ peer_broker_stop(void)
 	if (broker_fd != -1)
 		close(broker_fd);
 	broker_fd = -1;
+	/* The sessions have ended, so the broker sees the end of its socket
+	 * and exits by itself; a broker stuck in a connect is stopped. */
 	if (broker_pid > 0) {
-		kill(broker_pid, SIGTERM);
-		while (waitpid(broker_pid, &status, 0) == -1 && errno == EINTR)
-			;
+		int i;
+		for (i = 0; i < 100 && waitpid(broker_pid, &status, WNOHANG) ==
+		    0; i++)
+			usleep(10000);
+		if (i == 100) {
+			kill(broker_pid, SIGTERM);
+			while (waitpid(broker_pid, &status, 0) == -1 &&
+			    errno == EINTR)
+				;
+		}
 	}
 	broker_pid = -1;
 }
