@@ -39,7 +39,7 @@ def main():
         moved = sum(x[k] - y[k] for x, y in zip((a.stats(), b.stats()), s0) for k in ("bytes_sent", "bytes_received")) / args.reps
         med = statistics.median(t)
         print(f"{name:20s} {args.mib} MiB: median {med * 1e3:7.1f} ms ({n / med / 1e9:5.2f} GB/s) over {args.reps}, "
-              f"min {min(t) * 1e3:.1f} ms; client carried {moved / 1e6:.3f} MB per copy")
+              f"min {min(t) * 1e3:.1f} ms; the client carried {moved:,.0f} bytes per copy")
       out = bytearray(n); b.read(2, 0, out)
       assert out == data, "the copy is wrong"
   finally:

@@ -106,6 +106,14 @@ def sessions() -> dict[str, bytes]:
     "small_msg": S(maxmsg=P.MIN_MAXMSG).alloc(1, 1 << 17).read(1, 0, 1 << 17).read(1, 0, P.MIN_MAXMSG - 16).bytes(OPT_SMALL_MSG),
     "device_failure": S().alloc(1, 8).load(1, nbufs=1, nvals=0).launch(1, [(1, 0)], [], g=(1, 1, FAIL_SYNC)).read(1, 0, 8)
                       .launch(1, [(1, 0)], [], g=(1, 1, FAIL_SYNC)).write(1, 0, b"x").sync().bytes(),
+    # copies between runners: grants and their errors, Tpeersends refused before any connection (the fuzz build never dials), a Tpeer
+    "peer": S().alloc(1, 64).req(P.TGRANT, handle=1, offset=8, count=16, ttl=60).req(P.TGRANT, handle=2, count=1, ttl=1)
+            .req(P.TGRANT, handle=1, offset=60, count=5, ttl=1).req(P.TGRANT, handle=1, count=1, ttl=0)
+            .req(P.TPEERSEND, b"", handle=1, count=8, port=1).req(P.TPEERSEND, b"a\0", handle=1, count=8, port=1, hostlen=2)
+            .req(P.TPEERSEND, b"127.0.0.1", handle=9, count=8, port=1, hostlen=9)
+            .req(P.TPEERSEND, b"127.0.0.1", handle=1, count=8, port=1, hostlen=9, grant=1 << 32 | 1)
+            .req(P.TPEER, magic=P.MAGIC, grant=1 << 32 | 1, count=16).bytes(),
+    "peer_first": S(hello=False).req(P.TPEER, magic=P.MAGIC, grant=1 << 32 | 1, count=16).bytes(),
     "no_hello": S(hello=False).ping().bytes(),
     "bad_magic": S(hello=False).req(P.THELLO, magic=0x12345678, version=1, maxmsg=P.DEFAULT_MAXMSG).bytes(),
     "bad_version": S(hello=False).req(P.THELLO, magic=P.MAGIC, version=2, maxmsg=P.DEFAULT_MAXMSG).bytes(),
