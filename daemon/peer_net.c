@@ -351,7 +351,7 @@ peer_send_fd(int sock, const void *msg, size_t len, int fd)
 }
 
 static void
-broker_serve(int sock)
+broker_serve(int sock, int timeout_s)
 {
 	struct broker_req q;
 	struct broker_rep a;
@@ -374,8 +374,10 @@ broker_serve(int sock)
 		memset(&a, 0, sizeof(a));
 		a.seq = q.seq;
 		q.host[PROTO_MAX_PEER_HOST] = '\0';
+		/* The runner's own frame timeout, never one a session asks
+		 * for: one broker serves all sessions, one at a time. */
 		fd = peer_dial(q.host, q.port, q.grant, q.secret, q.count,
-		    q.timeout_s, a.cnonce, &a.code, a.err);
+		    timeout_s, a.cnonce, &a.code, a.err);
 		if (fd != -1)
 			a.code = 0;
 		send_fd(rfd, &a, sizeof(a), fd);
@@ -426,7 +428,7 @@ peer_broker_start(const struct mr_config *cfg, int lfd, char *err)
 			log_warn("peer broker: %s", err);
 			_exit(1);
 		}
-		broker_serve(sp[0]);
+		broker_serve(sp[0], cfg->frame_timeout);
 		_exit(0);
 	}
 	close(sp[0]);
