@@ -6,9 +6,10 @@
 
 Each session connects, allocates, writes, loads a kernel, launches it, reads the result back and checks it, then
 disconnects without freeing anything. Every few sessions also take other paths: an error queued ahead of a reply,
-a graph, explicit frees and unloads, a core_id kernel (which starts the session's thread pool), a disconnect in the
-middle of a frame, a session resumed on a new connection after its link dropped, or one whose client never comes back
-(the daemon runs with --resume-grace 2: it ends when that passes). Several clients run at once.
+a graph, explicit frees and unloads, a core_id kernel (which starts the session's thread pool), a copy to another
+session over a peer connection, a disconnect in the middle of a frame, a session resumed on a new connection after its
+link dropped, or one whose client never comes back (the daemon runs with --resume-grace 2: it ends when that passes).
+Several clients run at once.
 
 valgrind runs with --leak-check=full --errors-for-leak-kinds=definite,indirect --error-exitcode=9 --trace-children=yes
 and writes one log per process (--log-file=DIR/vg.%p). In process isolation every session is a forked process that
@@ -50,6 +51,8 @@ class Result:
     return (f"leakcheck {self.isolation}: {self.cycles} sessions in {self.seconds:.1f} s, {self.processes} processes checked, "
             f"{self.errors} errors, {self.definite} bytes definitely and {self.indirect} indirectly lost, daemon exit {self.exit_code}"
             + ("" if self.ok else "\n  " + "\n  ".join(self.problems)))
+
+PEER_EVERY, PEER_AT = 13, 9   # which sessions also copy to another session: each adds two processes (that session, the peer connection)
 
 def f32(*v) -> bytes: return struct.pack(f"<{len(v)}f", *v)
 
@@ -121,6 +124,20 @@ def cycle(addr:str, k:Kernels, i:int):
       assert c.read(1, 0, 16) == f32(3, 4, 5, 6)  # add1 in place: buffer 1 held 2..5
     else:
       assert c.read(1, 0, 16) == f32(2, 3, 4, 5)
+    if i % PEER_EVERY == PEER_AT:  # a copy to another session of the same runner (protocol.md, Copies between runners)
+      d = Raw(addr)
+      try:
+        d.alloc(5, 16)
+        tag = d.req(P.TGRANT, handle=5, offset=0, count=16, ttl=60)
+        t, f, _ = d.frame()
+        assert (t, f["tag"]) == (P.RGRANT, tag), (t, f)
+        host, port = addr.rsplit(":", 1)
+        tag = c.req(P.TPEERSEND, host.encode(), handle=2, count=16, grant=f["grant"], secret=f["secret"], port=int(port),
+                    hostlen=len(host))
+        t, f2, _ = c.frame()
+        assert (t, f2["tag"]) == (P.RPEERSEND, tag), (t, f2)
+        assert d.read(5, 0, 16) == c.read(2, 0, 16)
+      finally: d.close()
     if i % 5 == 3:  # everything freed by the client
       c.req(P.TUNLOAD, prog=1); c.req(P.TFREE, handle=1); c.req(P.TFREE, handle=2)
       assert c.until_pong() == []
@@ -172,8 +189,11 @@ def run(isolation:str, cycles:int=1000, clients:int=4, binary:pathlib.Path|None=
     for t in ts: t.join()
     res.problems += failures[:5]
     # Session processes leak-check themselves as they exit: let them finish before the daemon is stopped.
+    # In process isolation: a process per session, per resuming connection and per peer connection, and the peer broker
+    # (whose log ends with the daemon).
     res.resumed = sum(map(resumes, range(cycles)))
-    sessions, deadline = (cycles + res.resumed if isolation == "process" else 0), time.monotonic() + 60
+    peers = sum(i % PEER_EVERY == PEER_AT for i in range(cycles))
+    sessions, deadline = (cycles + res.resumed + 2 * peers if isolation == "process" else 0), time.monotonic() + 60
     while sessions and time.monotonic() < deadline:
       if sum(parse_log(f.read_text())[0] is not None for f in logdir.glob("vg.*")) >= sessions: break
       time.sleep(0.2)
@@ -197,7 +217,8 @@ def run(isolation:str, cycles:int=1000, clients:int=4, binary:pathlib.Path|None=
     res.indirect += i
     if errs or d or i: bad.append(f"{f.name}: {errs} errors, {d} bytes definitely and {i} indirectly lost")
   res.problems += bad[:10] + ([f"... and {len(bad) - 10} more processes"] if len(bad) > 10 else [])
-  if res.processes != sessions + 1: res.problems.append(f"{res.processes} valgrind logs, expected {sessions + 1}")
+  want = sessions + 1 + (isolation == "process")   # the daemon's own log, and in process isolation the peer broker's
+  if res.processes != want: res.problems.append(f"{res.processes} valgrind logs, expected {want}")
   if res.exit_code != 0: res.problems.append(f"daemon exit code {res.exit_code}")
   if res.ok: shutil.rmtree(logdir)
   else: res.problems.append(f"valgrind logs and the daemon's stderr kept in {logdir}")
