@@ -139,7 +139,10 @@ read_reply(int fd, union proto_msg *m, uint32_t *code, char *err)
 			    "runner's Rerror is malformed%s%s", "", "");
 		memcpy(text, buf + 20, m->rerror.count);
 		text[m->rerror.count] = '\0';
-		*code = m->rerror.code;
+		/* A runner too busy to take the connection (its session or
+		 * handshake limit) is, for this copy, one we cannot reach. */
+		*code = m->rerror.code == PROTO_ELIMIT ? PROTO_EPEER :
+		    m->rerror.code;
 		snprintf(err, PROTO_ERRLEN, "destination runner: %.400s", text);
 		return -1;
 	}
