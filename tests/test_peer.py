@@ -201,6 +201,13 @@ def test_unreachable_destination_is_epeer_at_once(daemon_bin):
     a.sync()   # the session carries on
   s.close()
 
+def test_destination_at_its_session_limit_is_epeer(daemon_bin):
+  # the peer connection is refused like any connection over --max-sessions: for this copy the destination cannot be reached
+  with runners(1) as (ra,), runners(1, "--max-sessions", "1") as (rb,), Runner(ra.addr) as a, Runner(rb.addr) as b:
+    a.alloc(1, 64); b.alloc(2, 64)
+    code, text = code_of(lambda: send(a, 1, 0, 64, rb.addr, *b.grant(2, 0, 64)))
+    assert code == P.EPEER and "serving as many sessions as it allows" in text, text
+
 def test_destination_that_cannot_prove_the_grant_gets_no_data(daemon_bin):
   # something listening at the address that is not the runner that issued the grant: it answers with an Rpeer whose mac is wrong
   ls = socket.socket()
