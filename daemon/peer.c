@@ -32,12 +32,18 @@
 #include "session.h"
 
 static int64_t
-now_ms(void)
+now_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t
+now_ms(void)
+{
+	return now_ns() / 1000000;
 }
 
 /* memset that the compiler may not drop (explicit_bzero is not on macOS). */
@@ -135,7 +141,7 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	const uint8_t *src;
 	union proto_msg r;
 	uint32_t code;
-	int64_t t0 = now_ms();
+	int64_t t0 = now_ns();
 	int fd;
 
 	if (t->hostlen == 0 || t->hostlen > PROTO_MAX_PEER_HOST ||
@@ -191,12 +197,12 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 		return sess_fail_reply(s);
 	}
 	log_info("session %u: sent %llu bytes to the runner at %s:%u in %lld "
-	    "ms", s->id, (unsigned long long)t->count, host, t->port,
-	    (long long)(now_ms() - t0));
+	    "us", s->id, (unsigned long long)t->count, host, t->port,
+	    (long long)(now_ns() - t0) / 1000);
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RPEERSEND;
 	r.h.tag = t->h.tag;
-	r.rtime.ns = (uint64_t)(now_ms() - t0) * 1000000;
+	r.rtime.ns = (uint64_t)(now_ns() - t0);
 	return sess_reply(s, &r, NULL, 0);
 }
 
@@ -231,17 +237,6 @@ send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
 	return net_send_all(fd, frame, n);
 }
 
-static int
-mac_equal(const uint8_t *a, const uint8_t *b)
-{
-	uint8_t d = 0;
-	size_t i;
-
-	for (i = 0; i < PROTO_MAC_SIZE; i++)
-		d |= a[i] ^ b[i];
-	return d == 0;
-}
-
 /* A peer connection from the inbox: check its grant, take its bytes. */
 static void
 peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
@@ -269,7 +264,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	    p->count, p->cnonce, mac);
 	/* A wrong proof does not use the grant up: whoever knows only its
 	 * number could otherwise spoil it for the client that holds it. */
-	if (!mac_equal(mac, p->mac))
+	if (!peer_mac_equal(mac, p->mac))
 		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant's "
 		    "proof is wrong");
 	g = s->grants[i];

@@ -29,6 +29,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,12 +65,19 @@ static pid_t broker_pid = -1;
 static int reply_fd[2] = { -1, -1 };	/* a session process's answers */
 static uint64_t broker_seq;
 
+static int fail(uint32_t *, uint32_t, char *, const char *, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Leave code and a message for the caller; returns -1. */
 static int
-fail(uint32_t *code, uint32_t c, char *err, const char *fmt, const char *a,
-    const char *b)
+fail(uint32_t *code, uint32_t c, char *err, const char *fmt, ...)
 {
+	va_list ap;
+
 	*code = c;
-	snprintf(err, PROTO_ERRLEN, fmt, a, b);
+	va_start(ap, fmt);
+	vsnprintf(err, PROTO_ERRLEN, fmt, ap);
+	va_end(ap);
 	return -1;
 }
 
@@ -106,8 +114,8 @@ peer_recv_all(int fd, void *buf, size_t n)
 }
 
 /* Constant time: a wrong mac must not tell how much of it was right. */
-static int
-mac_equal(const uint8_t *a, const uint8_t *b)
+int
+peer_mac_equal(const uint8_t *a, const uint8_t *b)
 {
 	uint8_t d = 0;
 	size_t i;
@@ -128,7 +136,7 @@ read_reply(int fd, union proto_msg *m, uint32_t *code, char *err)
 
 	if (peer_recv_all(fd, buf, PROTO_HDR_SIZE) == -1)
 		return fail(code, PROTO_EPEER, err, "the destination runner "
-		    "closed the peer connection or did not answer%s%s", "", "");
+		    "closed the peer connection or did not answer");
 	proto_get_hdr(buf, &m->h);
 	if (m->h.type == PROTO_RERROR && m->h.size >= 20 &&
 	    m->h.size <= sizeof(buf)) {
@@ -136,7 +144,7 @@ read_reply(int fd, union proto_msg *m, uint32_t *code, char *err)
 		    PROTO_HDR_SIZE) == -1 || proto_get(buf, m->h.size, m,
 		    NULL) == -1 || m->rerror.count != m->h.size - 20)
 			return fail(code, PROTO_EPEER, err, "the destination "
-			    "runner's Rerror is malformed%s%s", "", "");
+			    "runner's Rerror is malformed");
 		memcpy(text, buf + 20, m->rerror.count);
 		text[m->rerror.count] = '\0';
 		/* A runner too busy to take the connection (its session or
@@ -151,7 +159,7 @@ read_reply(int fd, union proto_msg *m, uint32_t *code, char *err)
 	    peer_recv_all(fd, buf + PROTO_HDR_SIZE, fixed - PROTO_HDR_SIZE) ==
 	    -1 || proto_get(buf, fixed, m, NULL) == -1)
 		return fail(code, PROTO_EPEER, err, "the destination does not "
-		    "answer as a metal_runner peer%s%s", "", "");
+		    "answer as a metal_runner peer");
 	return 0;
 }
 
@@ -243,15 +251,15 @@ peer_dial(const char *host, unsigned port, uint64_t grant,
 	n = proto_put(frame, sizeof(frame), &m);
 	if (net_send_all(fd, frame, n) == -1) {
 		fail(code, PROTO_EPEER, err, "sending to the destination "
-		    "runner: %s%s", strerror(errno), "");
+		    "runner: %s", strerror(errno));
 		goto fail;
 	}
 	if (read_reply(fd, &m, code, err) == -1)
 		goto fail;
 	peer_mac(secret, "metal_runner peer dst", grant, count, cnonce, mac);
-	if (m.rpeer.count != 0 || !mac_equal(mac, m.rpeer.mac)) {
+	if (m.rpeer.count != 0 || !peer_mac_equal(mac, m.rpeer.mac)) {
 		fail(code, PROTO_EPEER, err, "the destination did not prove "
-		    "the grant: not the runner that issued it%s%s", "", "");
+		    "the grant: not the runner that issued it");
 		goto fail;
 	}
 	return fd;
@@ -271,15 +279,15 @@ peer_finish(int fd, uint64_t grant, const uint8_t *secret,
 	if (read_reply(fd, &m, code, err) == -1)
 		return -1;
 	peer_mac(secret, "metal_runner peer done", grant, count, cnonce, mac);
-	if (m.rpeer.count != count || !mac_equal(mac, m.rpeer.mac))
+	if (m.rpeer.count != count || !peer_mac_equal(mac, m.rpeer.mac))
 		return fail(code, PROTO_EPEER, err, "the destination's receipt "
-		    "is wrong%s%s", "", "");
+		    "is wrong");
 	return 0;
 }
 
-/* Send msg (and fd, unless -1) over a unix socket. */
-static int
-send_fd(int sock, const void *msg, size_t len, int fd)
+/* Send msg (and fd, unless -1) over a unix socket, without waiting. */
+int
+peer_send_fd(int sock, const void *msg, size_t len, int fd)
 {
 	union {
 		struct cmsghdr h;
@@ -347,12 +355,6 @@ peer_recv_fd(int sock, void *msg, size_t len, int *fd)
 	return r;
 }
 
-int
-peer_send_fd(int sock, const void *msg, size_t len, int fd)
-{
-	return send_fd(sock, msg, len, fd);
-}
-
 static void
 broker_serve(int sock, int timeout_s)
 {
@@ -383,7 +385,7 @@ broker_serve(int sock, int timeout_s)
 		    timeout_s, a.cnonce, &a.code, a.err);
 		if (fd != -1)
 			a.code = 0;
-		send_fd(rfd, &a, sizeof(a), fd);
+		peer_send_fd(rfd, &a, sizeof(a), fd);
 		if (fd != -1)
 			close(fd);
 		close(rfd);
@@ -496,7 +498,7 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 	/* The fuzzer reaches here with hosts it made up: never dial them. */
 	if (host != NULL)
 		return fail(code, PROTO_EPEER, err, "the fuzz build makes no "
-		    "connections (%s)%s", host, "");
+		    "connections (%s)", host);
 #endif
 	if (broker_fd == -1 || reply_fd[0] == -1)
 		return peer_dial(host, port, grant, secret, count, timeout_s,
@@ -509,9 +511,9 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 	q.timeout_s = timeout_s;
 	q.port = (uint16_t)port;
 	snprintf(q.host, sizeof(q.host), "%s", host);
-	if (send_fd(broker_fd, &q, sizeof(q), reply_fd[1]) == -1)
+	if (peer_send_fd(broker_fd, &q, sizeof(q), reply_fd[1]) == -1)
 		return fail(code, PROTO_EPEER, err, "the runner's connection "
-		    "broker does not answer: %s%s", strerror(errno), "");
+		    "broker does not answer: %s", strerror(errno));
 	/* The broker serves one request at a time: allow for one ahead. */
 	wait_ms = 2 * (PEER_CONNECT_MS + 2000 + (timeout_s > 0 ? timeout_s :
 	    60) * 1000);
@@ -522,8 +524,7 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 			continue;
 		if (n != 1)
 			return fail(code, PROTO_EPEER, err, "the runner's "
-			    "connection broker did not answer in time%s%s",
-			    "", "");
+			    "connection broker did not answer in time");
 		if ((n = peer_recv_fd(reply_fd[0], &a, sizeof(a), &fd)) !=
 		    (ssize_t)sizeof(a)) {
 			if (fd != -1)
@@ -531,7 +532,7 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 			if (n == -1 && errno == EAGAIN)
 				continue;
 			return fail(code, PROTO_EPEER, err, "the runner's "
-			    "connection broker failed%s%s", "", "");
+			    "connection broker failed");
 		}
 		if (a.seq != q.seq) {	/* the answer to a request given up */
 			if (fd != -1)
