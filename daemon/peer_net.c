@@ -43,7 +43,7 @@
 #define MSG_NOSIGNAL 0
 #endif
 
-/* A request to the broker and its answer, over a SOCK_SEQPACKET socket. */
+/* A request to the broker and its answer, one message each (PEER_SOCKTYPE). */
 struct broker_req {
 	uint64_t seq;
 	uint64_t grant, count;
@@ -404,7 +404,7 @@ peer_broker_start(const struct mr_config *cfg, int lfd, char *err)
 	int sp[2];
 	pid_t pid;
 
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp) == -1) {
+	if (socketpair(AF_UNIX, PEER_SOCKTYPE, 0, sp) == -1) {
 		snprintf(err, PROTO_ERRLEN, "%s: socketpair: %s", __func__,
 		    strerror(errno));
 		return -1;
@@ -474,7 +474,7 @@ peer_broker_attach(char *err)
 {
 	if (broker_fd == -1)
 		return 0;
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, reply_fd) == -1) {
+	if (socketpair(AF_UNIX, PEER_SOCKTYPE, 0, reply_fd) == -1) {
 		snprintf(err, PROTO_ERRLEN, "%s: socketpair: %s", __func__,
 		    strerror(errno));
 		return -1;

@@ -204,7 +204,7 @@ route_open(int slot, uint32_t id)
 
 	routes[slot].id = id;
 	routes[slot].w = routes[slot].r = -1;
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sp) == -1) {
+	if (socketpair(AF_UNIX, PEER_SOCKTYPE, 0, sp) == -1) {
 		log_warn("session %u: no inbox for peers: %s", id,
 		    strerror(errno));
 		return;

@@ -213,6 +213,15 @@ int sess_peer_wait(struct session *s);
 void sess_peer_free(struct session *s);
 
 /* peer_net.c: the connection from a source runner to a destination */
+/* The unix sockets that carry peer sockets and broker requests keep
+ * message boundaries. macOS has no SOCK_SEQPACKET for unix sockets:
+ * datagrams there, which never report the other end closing (the broker
+ * is then stopped by a signal). Not run on macOS. */
+#ifdef __APPLE__
+#define PEER_SOCKTYPE SOCK_DGRAM
+#else
+#define PEER_SOCKTYPE SOCK_SEQPACKET
+#endif
 void peer_mac(const uint8_t *secret, const char *label, uint64_t grant,
     uint64_t count, const uint8_t *cnonce, uint8_t out[32]);
 int peer_dial(const char *host, unsigned port, uint64_t grant,
