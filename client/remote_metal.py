@@ -151,7 +151,11 @@ def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) ->
   if not PEER or not s.info.caps & d.info.caps & CAP_PEER or (s.addr, d.addr) in unreachable: return False
   grant, secret = d.grant(dest[0], dest[1], sz)
   host, port = parse_addr(d.addr)   # the destination as this host reaches it; the source must reach it there too, or the copy falls back
-  try: s.peer_send(src[0], src[1], sz, host, port, grant, secret)
+  # profiling: the whole copy as the host waits for it, on <destination>:NET (the runners record no COPY event for it)
+  prof = cpu_profile(TracingKey(f"{src_dev.device} -> {dest_dev.device}", ret=sz, tb=None), f"{dest_dev.device}:NET") \
+    if dest_dev.profiler is not None else contextlib.nullcontext()
+  try:
+    with prof: s.peer_send(src[0], src[1], sz, host, port, grant, secret)
   except RunnerError as e:
     if e.code != EPEER: raise
     unreachable.add((s.addr, d.addr))
