@@ -9,7 +9,7 @@
  * grant and streams the range. The destination runner serves that
  * connection like any other until its first frame shows it is a peer
  * (Tpeer); then sess_peer_route() hands the socket to the session that
- * owns the grant (server.c, through that session's inbox), and that
+ * owns the grant (peer_route.c, through that session's inbox), and that
  * session checks the grant and receives the bytes straight into the
  * granted range, between two requests of its own client.
  *
@@ -363,7 +363,7 @@ sess_peer_route(struct session *s, const union proto_msg *m,
 {
 	uint32_t owner = (uint32_t)(m->tpeer.grant >> 32);
 
-	if (mr_peer_handoff(owner, frame, proto_fixed_size(PROTO_TPEER),
+	if (peer_handoff(owner, frame, proto_fixed_size(PROTO_TPEER),
 	    s->fd, s->err) == -1) {
 		uint8_t out[PROTO_HDR_SIZE + 8 + 256];
 		size_t n;

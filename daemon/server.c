@@ -73,24 +73,6 @@ static int nactive;
 static struct pollfd *pfds;
 static int *pslots;
 
-/*
- * Peer connections (peer.c): each session has an inbox, a unix socket
- * pair; the connection that turns out to be a peer passes its socket to
- * the session its grant names over the write end, with SCM_RIGHTS. The
- * table is this process's own memory, not the shared slot table: a
- * session process gets a copy at fork whose descriptors are exactly the
- * ones it inherited, and gives them all up when its first frame is a
- * Thello (mr_peer_forget()), so only a connection that is a peer keeps
- * them, for the moment it takes to hand itself over.
- */
-struct route {
-	uint32_t id;	/* the session in the slot */
-	int w, r;	/* its inbox: the end peers write to, its own end */
-};
-static struct route *routes;
-static int in_session_process;
-static void route_close(int slot);
-
 static const struct backend *backends[] = {
 #ifdef MR_BACKEND_METAL
 	&be_metal,
@@ -181,7 +163,7 @@ reap(int block)
 		else if (WEXITSTATUS(status) == 4)
 			log_warn("session %u ended: a kernel ran past the time "
 			    "limit", sl->id);
-		route_close((int)i);
+		peer_route_close((int)i);
 		slot_free((int)i);
 		nactive--;
 	}
@@ -197,89 +179,6 @@ refuse(int fd, uint32_t code, const char *text)
 	close(fd);
 }
 
-static void
-route_open(int slot, uint32_t id)
-{
-	int sp[2];
-
-	routes[slot].id = id;
-	routes[slot].w = routes[slot].r = -1;
-	if (socketpair(AF_UNIX, PEER_SOCKTYPE, 0, sp) == -1) {
-		log_warn("session %u: no inbox for peers: %s", id,
-		    strerror(errno));
-		return;
-	}
-	routes[slot].r = sp[0];
-	routes[slot].w = sp[1];
-}
-
-static void
-route_close(int slot)
-{
-	if (routes == NULL)
-		return;
-	if (routes[slot].w != -1)
-		close(routes[slot].w);
-	if (routes[slot].r != -1)
-		close(routes[slot].r);
-	routes[slot].w = routes[slot].r = -1;
-}
-
-/* The session in slot takes its end of the inbox (it closes it). */
-int
-mr_peer_inbox(int slot)
-{
-	int fd = -1;
-
-	if (routes == NULL || slot < 0)
-		return -1;
-	pthread_mutex_lock(&slots_lock);
-	fd = routes[slot].r;
-	routes[slot].r = -1;
-	pthread_mutex_unlock(&slots_lock);
-	return fd;
-}
-
-/* Pass fd and its first frame to session id's inbox. */
-int
-mr_peer_handoff(uint32_t id, const uint8_t *frame, size_t len, int fd,
-    char *err)
-{
-	uint32_t i;
-	int rc = -1;
-
-	if (routes == NULL) {
-		snprintf(err, PROTO_ERRLEN, "this runner takes no peers");
-		return -1;
-	}
-	pthread_mutex_lock(&slots_lock);
-	for (i = 0; i < slot_count(); i++)
-		if (routes[i].w != -1 && routes[i].id == id)
-			break;
-	if (i == slot_count())
-		snprintf(err, PROTO_ERRLEN, "no session %u", id);
-	else if ((rc = peer_send_fd(routes[i].w, frame, len, fd)) == -1)
-		snprintf(err, PROTO_ERRLEN, "session %u takes no peer now: %s",
-		    id, strerror(errno));
-	pthread_mutex_unlock(&slots_lock);
-	return rc;
-}
-
-/* A session process that is a client's: give up the other inboxes. */
-void
-mr_peer_forget(void)
-{
-	uint32_t i;
-
-	if (!in_session_process || routes == NULL)
-		return;
-	for (i = 0; i < slot_count(); i++) {
-		if (routes[i].w != -1)
-			close(routes[i].w);
-		routes[i].w = -1;
-	}
-}
-
 static void *
 session_thread(void *arg)
 {
@@ -287,7 +186,7 @@ session_thread(void *arg)
 
 	sess_serve(ta->ctx, ta->fd, ta->id, ta->slot, ta->peer);
 	pthread_mutex_lock(&slots_lock);
-	route_close(ta->slot);
+	peer_route_close(ta->slot);
 	slot_free(ta->slot);
 	nactive--;
 	pthread_cond_signal(&slots_idle);
@@ -308,7 +207,7 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 
 	close(lfd);
 	resume_child();
-	in_session_process = 1;
+	peer_route_forked(slot, 1);
 #ifdef __linux__
 	/* A session must not outlive its runner (a SIGKILLed daemon would
 	 * leave orphans serving and holding memory). The parent may already
@@ -443,7 +342,7 @@ serve(const struct mr_config *cfg)
 		goto out;
 	}
 
-	if ((routes = calloc(slot_count(), sizeof(*routes))) == NULL) {
+	if (peer_routes_init(slot_count()) == -1) {
 		log_warn("cannot allocate the session inboxes");
 		goto out;
 	}
@@ -549,9 +448,7 @@ serve(const struct mr_config *cfg)
 		if (resume_open(cfg, slot) == -1)
 			log_warn("session %u: no control socket (%s): it cannot "
 			    "be resumed", next_id, strerror(errno));
-		pthread_mutex_lock(&slots_lock);
-		route_open(slot, next_id);
-		pthread_mutex_unlock(&slots_lock);
+		peer_route_open(slot, next_id);
 		if (iso == BE_ISOLATE_PROCESS) {
 			pid_t pid = fork();
 			if (pid == 0)
@@ -561,16 +458,14 @@ serve(const struct mr_config *cfg)
 				log_warn("fork: %s", strerror(errno));
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
 				resume_forked(slot);
-				route_close(slot);
+				peer_route_close(slot);
 				slot_free(slot);
 				nactive--;
 			} else {
 				slot_get(slot)->pid = pid;
 				resume_forked(slot);
 				close(fd);
-				/* The session's end is its own now. */
-				close(routes[slot].r);
-				routes[slot].r = -1;
+				peer_route_forked(slot, 0);
 			}
 		} else {
 			struct thread_arg *ta = calloc(1, sizeof(*ta));
@@ -589,7 +484,7 @@ serve(const struct mr_config *cfg)
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
 				pthread_mutex_lock(&slots_lock);
 				resume_forked(slot);
-				route_close(slot);
+				peer_route_close(slot);
 				slot_free(slot);
 				nactive--;
 				pthread_mutex_unlock(&slots_lock);
@@ -608,13 +503,8 @@ serve(const struct mr_config *cfg)
 	rc = 0;
 out:
 	peer_broker_stop();
-	if (routes != NULL && nactive == 0) {
-		uint32_t i;
-		for (i = 0; i < slot_count(); i++)
-			route_close((int)i);
-		free(routes);
-		routes = NULL;
-	}
+	if (nactive == 0)
+		peer_routes_free();
 	if (lfd != -1)
 		close(lfd);
 	free(pfds);

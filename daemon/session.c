@@ -424,11 +424,11 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 
 	/* A peer runner's connection (peer.c): it is handed to the session
 	 * its grant names, and this one ends. Anything else is a client:
-	 * it gives up the other sessions' inboxes (server.c) first. */
+	 * it gives up the other sessions' inboxes (peer_route.c) first. */
 	if (s->state == S_HELLO && m->h.type == PROTO_TPEER)
 		return sess_peer_route(s, m, frame), -2;
 	if (s->state == S_HELLO) {
-		mr_peer_forget();
+		peer_forget();
 		return sess_hello(s, m) == -1 ? -2 : 0;
 	}
 	if (s->state == S_AUTH)
@@ -533,7 +533,7 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	s->maxmsg = ctx->cfg->maxmsg;
 	s->last_active = time(NULL);
 	s->peer = peer;
-	s->inbox = mr_peer_inbox(slot);
+	s->inbox = peer_inbox(slot);
 	if (ctx->cfg->handshake_timeout > 0)
 		s->hs_deadline = mono_ms() +
 		    (int64_t)ctx->cfg->handshake_timeout * 1000;

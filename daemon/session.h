@@ -240,10 +240,15 @@ int peer_broker_start(const struct mr_config *cfg, int lfd, char *err);
 void peer_broker_stop(void);
 int peer_broker_attach(char *err);
 
-/* server.c: the inboxes of this runner's sessions */
-int mr_peer_inbox(int slot);
-int mr_peer_handoff(uint32_t session, const uint8_t *frame, size_t len,
-    int fd, char *err);
-void mr_peer_forget(void);
+/* peer_route.c: the inboxes of this runner's sessions */
+int peer_routes_init(uint32_t nslots);
+void peer_routes_free(void);
+void peer_route_open(int slot, uint32_t id);
+void peer_route_close(int slot);
+void peer_route_forked(int slot, int child);
+int peer_inbox(int slot);
+int peer_handoff(uint32_t session, const uint8_t *frame, size_t len, int fd,
+    char *err);
+void peer_forget(void);
 
 #endif
