@@ -260,6 +260,11 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	if (i == s->ngrants)
 		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "no such grant in "
 		    "this session: never issued, already used or expired");
+	if (s->grants[i].expires <= now_ms()) {
+		drop_grant(s, i);
+		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant "
+		    "expired");
+	}
 	peer_mac(s->grants[i].secret, "metal_runner peer src", p->grant,
 	    p->count, p->cnonce, mac);
 	/* A wrong proof does not use the grant up: whoever knows only its
@@ -269,27 +274,34 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		    "proof is wrong");
 	g = s->grants[i];
 	drop_grant(s, i);	/* used: never again, whatever follows */
-	if (p->magic != PROTO_MAGIC)
-		return refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not "
-		    "a metal_runner peer");
+	if (p->magic != PROTO_MAGIC) {
+		refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not a "
+		    "metal_runner peer");
+		goto out;
+	}
 	if (p->count > g.count) {
 		char text[128];
 		snprintf(text, sizeof(text), "the peer offers %llu bytes; the "
 		    "grant allows %llu", (unsigned long long)p->count,
 		    (unsigned long long)g.count);
-		return refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
+		refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
+		goto out;
 	}
 	if ((b = htab_get(&s->bufs, g.handle)) == NULL ||
-	    !range_ok(b->size, g.offset, p->count))
-		return refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted "
-		    "buffer was freed or replaced since the grant");
+	    !range_ok(b->size, g.offset, p->count)) {
+		refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted buffer was "
+		    "freed or replaced since the grant");
+		goto out;
+	}
 	/* Later work of the session observes the bytes (they land before
 	 * its next request is read); earlier work that may read the range
 	 * finishes before they land. */
 	if (s->dirty) {
 		s->dirty = 0;
-		if (s->be->sync(s->bs, s->err) == -1)
-			return refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+		if (s->be->sync(s->bs, s->err) == -1) {
+			refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+			goto out;
+		}
 	}
 	peer_mac(g.secret, "metal_runner peer dst", g.id, p->count, p->cnonce,
 	    mac);
@@ -299,16 +311,17 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		log_info("session %u: a peer's transfer broke off: %s", s->id,
 		    strerror(errno));
 		close(fd);
-		return;
+		goto out;
 	}
 	peer_mac(g.secret, "metal_runner peer done", g.id, p->count,
 	    p->cnonce, mac);
 	send_rpeer(fd, p->h.tag, p->count, mac);
 	close(fd);
-	wipe(g.secret, sizeof(g.secret));
 	log_info("session %u: received %llu bytes from a peer into buffer %u "
 	    "in %lld ms", s->id, (unsigned long long)p->count, g.handle,
 	    (long long)(now_ms() - t0));
+out:
+	wipe(&g, sizeof(g));
 }
 
 /*

@@ -311,10 +311,11 @@ def test_bad_tpeersend_is_refused(pair):
 
 # *** peers that misbehave: the test is the source runner, speaking Tpeer itself
 
-def peer(addr:str, grant:int, secret:bytes|None, count:int, mac:bytes|None=None, cnonce:bytes|None=None) -> tuple[socket.socket, tuple]:
+def peer(addr:str, grant:int, secret:bytes|None, count:int, mac:bytes|None=None, cnonce:bytes|None=None,
+         magic:int=P.MAGIC) -> tuple[socket.socket, tuple]:
   s = socket.create_connection(hostport(addr), timeout=10)
   cn = cnonce or os.urandom(32)
-  s.sendall(P.pack(P.TPEER, 9, magic=P.MAGIC, grant=grant, count=count, cnonce=cn,
+  s.sendall(P.pack(P.TPEER, 9, magic=magic, grant=grant, count=count, cnonce=cn,
                    mac=mac if mac is not None else P.peer_mac(secret, P.PEER_SRC, grant, count, cn)))
   return s, (cn, frame(s))
 
@@ -350,6 +351,16 @@ def test_peer_without_a_grant_is_refused(pair):
   out = bytearray(64)
   b.read(2, 0, out)
   assert out == bytes(64)
+
+def test_peer_with_a_bad_magic_is_refused(pair):
+  _, rb, _ = pair
+  b = Runner(rb.addr)
+  b.alloc(2, 64)
+  g, sec = b.grant(2, 0, 64)
+  s, (_, (t, f, text)) = peer(rb.addr, g, sec, 64, magic=0x12345678)
+  assert t == P.RERROR and f["code"] == P.EVERSION and b"not a metal_runner peer" in text
+  s, (_, (t, f, _)) = peer(rb.addr, g, sec, 64)   # its proof was right: the grant is used
+  assert t == P.RERROR and f["code"] == P.EGRANT
 
 def test_tpeer_in_a_session_ends_it(pair):
   _, rb, _ = pair
