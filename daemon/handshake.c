@@ -244,11 +244,3 @@ sess_auth(struct session *s, const union proto_msg *m, const char *peer)
 	log_info("session %u: authenticated", s->id);
 	return sess_reply(s, &r, NULL, 0);
 }
-
-/* Random bytes for the rest of the daemon (peer.c's grant secrets and
- * peer_net.c's nonces): the same source as the handshake's nonces. */
-void
-sess_random(uint8_t *p, size_t n)
-{
-	random_bytes(p, n);
-}
