@@ -335,7 +335,7 @@ sess_peer_wait(struct session *s)
 {
 	int idle = s->ctx->cfg->idle_timeout, ms = -1;
 	uint8_t frame[256];
-	struct pollfd p[2];
+	struct pollfd p[3];
 	ssize_t n;
 	int fd;
 
@@ -351,13 +351,16 @@ sess_peer_wait(struct session *s)
 		if (ms == -1 || left < ms)
 			ms = (int)(left < INT32_MAX ? left : INT32_MAX);
 	}
+	/* The client, the inbox, and a resume of this session arriving
+	 * (resume_recv() takes that). */
 	p[0].fd = s->fd;
 	p[1].fd = s->inbox;
-	p[0].events = p[1].events = POLLIN;
-	p[0].revents = p[1].revents = 0;
-	if ((n = poll(p, 2, ms)) <= 0)
+	p[2].fd = resume_pollfd(s);
+	p[0].events = p[1].events = p[2].events = POLLIN;
+	p[0].revents = p[1].revents = p[2].revents = 0;
+	if ((n = poll(p, p[2].fd != -1 ? 3 : 2, ms)) <= 0)
 		return n == 0 || errno == EINTR ? 0 : 1;
-	if (p[0].revents != 0)
+	if (p[0].revents != 0 || p[2].revents != 0)
 		return 1;
 	n = peer_recv_fd(s->inbox, frame, sizeof(frame), &fd);
 	if (n == 0) {		/* no one can hand us peers any more */

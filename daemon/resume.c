@@ -350,6 +350,12 @@ ctl_fd(const struct session *s)
 }
 
 int
+resume_pollfd(const struct session *s)
+{
+	return s->rs != NULL ? ctl_fd(s) : -1;
+}
+
+int
 resume_offered(const struct session *s)
 {
 	return s->ctx->cfg->resume_grace > 0 && ctl_fd(s) != -1;

@@ -184,6 +184,8 @@ int sess_profile(struct session *s, const struct proto_tprofile *t);
 
 /* resume.c */
 int resume_offered(const struct session *s);	/* CAP_RESUME */
+/* The socket a resume of this session arrives on, -1: none (yet). */
+int resume_pollfd(const struct session *s);
 int resume_key(struct session *s, const struct proto_tresumekey *t);
 int resume_request(struct session *s, const struct proto_tresume *t);
 /* Send a then b (the output buffer, a large Rread's data), logging them
