@@ -10,7 +10,8 @@
 
 #include "metal_runner.h"
 
-static const uint32_t K[64] = {
+/* The round constants, also for sha256_hw.c. */
+const uint32_t sha256_K[64] = {
 	0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
 	0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
 	0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
@@ -43,7 +44,7 @@ block(uint32_t hh[8], const uint8_t *p)
 	e = hh[4]; f = hh[5]; g = hh[6]; h = hh[7];
 	for (i = 0; i < 64; i++) {
 		t1 = h + (ROR(e, 6) ^ ROR(e, 11) ^ ROR(e, 25)) +
-		    ((e & f) ^ (~e & g)) + K[i] + w[i];
+		    ((e & f) ^ (~e & g)) + sha256_K[i] + w[i];
 		t2 = (ROR(a, 2) ^ ROR(a, 13) ^ ROR(a, 22)) +
 		    ((a & b) ^ (a & cc) ^ (b & cc));
 		h = g; g = f; f = e; e = d + t1;
