@@ -175,3 +175,84 @@ net_is_loopback(const char *host)
 		return IN6_IS_ADDR_LOOPBACK(&a6);
 	return 0;
 }
+
+/*
+ * Descriptors passed between the runner's processes over unix sockets
+ * (resume.c's handovers, peer.c's connections): one message, and with it
+ * one descriptor or none. Neither call blocks.
+ */
+#ifdef MSG_CMSG_CLOEXEC
+#define RECV_FD_FLAGS (MSG_DONTWAIT | MSG_CMSG_CLOEXEC)
+#else
+#define RECV_FD_FLAGS MSG_DONTWAIT
+#endif
+
+/* Send msg (and fd, unless -1) over a unix socket, without waiting. */
+int
+net_send_fd(int sock, const void *msg, size_t len, int fd)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = { (void *)msg, len };
+	struct msghdr mh;
+	ssize_t r;
+
+	memset(&mh, 0, sizeof(mh));
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	if (fd != -1) {
+		memset(&u, 0, sizeof(u));
+		mh.msg_control = u.buf;
+		mh.msg_controllen = sizeof(u.buf);
+		CMSG_FIRSTHDR(&mh)->cmsg_level = SOL_SOCKET;
+		CMSG_FIRSTHDR(&mh)->cmsg_type = SCM_RIGHTS;
+		CMSG_FIRSTHDR(&mh)->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(CMSG_FIRSTHDR(&mh)), &fd, sizeof(int));
+	}
+	do
+		r = sendmsg(sock, &mh, SEND_FLAGS | MSG_DONTWAIT);
+	while (r == -1 && errno == EINTR);
+	return r == (ssize_t)len ? 0 : -1;
+}
+
+/* Receive a message and the descriptor that came with it (*fd, or -1).
+ * Returns the message's length, 0 at end of stream, -1 on error. */
+ssize_t
+net_recv_fd(int sock, void *msg, size_t len, int *fd)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} u;
+	struct iovec iov = { msg, len };
+	struct msghdr mh;
+	struct cmsghdr *c;
+	ssize_t r;
+
+	*fd = -1;
+	memset(&mh, 0, sizeof(mh));
+	mh.msg_iov = &iov;
+	mh.msg_iovlen = 1;
+	mh.msg_control = u.buf;
+	mh.msg_controllen = sizeof(u.buf);
+	do
+		r = recvmsg(sock, &mh, RECV_FD_FLAGS);
+	while (r == -1 && errno == EINTR);
+	if (r < 0)
+		return r;
+	for (c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c))
+		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+		    c->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(fd, CMSG_DATA(c), sizeof(int));
+	/* A cut message (MSG_TRUNC, MSG_CTRUNC) is nothing we sent. */
+	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+		if (*fd != -1)
+			close(*fd);
+		*fd = -1;
+		errno = EMSGSIZE;
+		return -1;
+	}
+	return r;
+}

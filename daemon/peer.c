@@ -362,7 +362,7 @@ sess_peer_wait(struct session *s)
 		return n == 0 || errno == EINTR ? 0 : 1;
 	if (p[0].revents != 0 || p[2].revents != 0)
 		return 1;
-	n = peer_recv_fd(s->inbox, frame, sizeof(frame), &fd);
+	n = net_recv_fd(s->inbox, frame, sizeof(frame), &fd);
 	if (n == 0) {		/* no one can hand us peers any more */
 		close(s->inbox);
 		s->inbox = -1;

@@ -285,76 +285,6 @@ peer_finish(int fd, uint64_t grant, const uint8_t *secret,
 	return 0;
 }
 
-/* Send msg (and fd, unless -1) over a unix socket, without waiting. */
-int
-peer_send_fd(int sock, const void *msg, size_t len, int fd)
-{
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct iovec iov = { (void *)msg, len };
-	struct msghdr mh;
-	ssize_t r;
-
-	memset(&mh, 0, sizeof(mh));
-	mh.msg_iov = &iov;
-	mh.msg_iovlen = 1;
-	if (fd != -1) {
-		memset(&u, 0, sizeof(u));
-		mh.msg_control = u.buf;
-		mh.msg_controllen = sizeof(u.buf);
-		CMSG_FIRSTHDR(&mh)->cmsg_level = SOL_SOCKET;
-		CMSG_FIRSTHDR(&mh)->cmsg_type = SCM_RIGHTS;
-		CMSG_FIRSTHDR(&mh)->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(CMSG_FIRSTHDR(&mh)), &fd, sizeof(int));
-	}
-	do
-		r = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-	while (r == -1 && errno == EINTR);
-	return r == (ssize_t)len ? 0 : -1;
-}
-
-/* Receive a message and the descriptor that came with it (*fd, or -1).
- * Returns the message's length, 0 at end of stream, -1 on error. */
-ssize_t
-peer_recv_fd(int sock, void *msg, size_t len, int *fd)
-{
-	union {
-		struct cmsghdr h;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct iovec iov = { msg, len };
-	struct msghdr mh;
-	struct cmsghdr *c;
-	ssize_t r;
-
-	*fd = -1;
-	memset(&mh, 0, sizeof(mh));
-	mh.msg_iov = &iov;
-	mh.msg_iovlen = 1;
-	mh.msg_control = u.buf;
-	mh.msg_controllen = sizeof(u.buf);
-	do
-		r = recvmsg(sock, &mh, MSG_DONTWAIT);
-	while (r == -1 && errno == EINTR);
-	if (r < 0)
-		return r;
-	for (c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c))
-		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-		    c->cmsg_len == CMSG_LEN(sizeof(int)))
-			memcpy(fd, CMSG_DATA(c), sizeof(int));
-	/* A cut message (MSG_TRUNC, MSG_CTRUNC) is nothing we sent. */
-	if (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
-		if (*fd != -1)
-			close(*fd);
-		*fd = -1;
-		errno = EMSGSIZE;
-		return -1;
-	}
-	return r;
-}
-
 static void
 broker_serve(int sock, int timeout_s)
 {
@@ -367,7 +297,7 @@ broker_serve(int sock, int timeout_s)
 	for (;;) {
 		if (poll(&pfd, 1, -1) == -1 && errno != EINTR)
 			return;
-		if ((n = peer_recv_fd(sock, &q, sizeof(q), &rfd)) == 0)
+		if ((n = net_recv_fd(sock, &q, sizeof(q), &rfd)) == 0)
 			return;	/* the runner closed its end: stop */
 		if (n < 0 && errno != EAGAIN && errno != EMSGSIZE)
 			return;
@@ -385,7 +315,7 @@ broker_serve(int sock, int timeout_s)
 		    timeout_s, a.cnonce, &a.code, a.err);
 		if (fd != -1)
 			a.code = 0;
-		peer_send_fd(rfd, &a, sizeof(a), fd);
+		net_send_fd(rfd, &a, sizeof(a), fd);
 		if (fd != -1)
 			close(fd);
 		close(rfd);
@@ -511,7 +441,7 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 	q.timeout_s = timeout_s;
 	q.port = (uint16_t)port;
 	snprintf(q.host, sizeof(q.host), "%s", host);
-	if (peer_send_fd(broker_fd, &q, sizeof(q), reply_fd[1]) == -1)
+	if (net_send_fd(broker_fd, &q, sizeof(q), reply_fd[1]) == -1)
 		return fail(code, PROTO_EPEER, err, "the runner's connection "
 		    "broker does not answer: %s", strerror(errno));
 	/* The broker serves one request at a time: allow for one ahead. */
@@ -525,7 +455,7 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 		if (n != 1)
 			return fail(code, PROTO_EPEER, err, "the runner's "
 			    "connection broker did not answer in time");
-		if ((n = peer_recv_fd(reply_fd[0], &a, sizeof(a), &fd)) !=
+		if ((n = net_recv_fd(reply_fd[0], &a, sizeof(a), &fd)) !=
 		    (ssize_t)sizeof(a)) {
 			if (fd != -1)
 				close(fd);

@@ -143,7 +143,7 @@ peer_handoff(uint32_t id, const uint8_t *frame, size_t len, int fd, char *err)
 			break;
 	if (i == nroutes)
 		snprintf(err, PROTO_ERRLEN, "no session %u", id);
-	else if ((rc = peer_send_fd(routes[i].w, frame, len, fd)) == -1)
+	else if ((rc = net_send_fd(routes[i].w, frame, len, fd)) == -1)
 		snprintf(err, PROTO_ERRLEN, "session %u takes no peer now: %s",
 		    id, strerror(errno));
 	pthread_mutex_unlock(&lock);

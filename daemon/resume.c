@@ -100,65 +100,15 @@ now_ms(void)
 static int
 send_fd(int ctl, const struct handover *h, int fd)
 {
-	union {
-		struct cmsghdr c;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct iovec iov = { (void *)h, sizeof(*h) };
-	struct msghdr msg;
-	struct cmsghdr *c;
-	ssize_t n;
-
-	memset(&msg, 0, sizeof(msg));
-	memset(&u, 0, sizeof(u));
-	msg.msg_iov = &iov;
-	msg.msg_iovlen = 1;
-	msg.msg_control = u.buf;
-	msg.msg_controllen = sizeof(u.buf);
-	c = CMSG_FIRSTHDR(&msg);
-	c->cmsg_level = SOL_SOCKET;
-	c->cmsg_type = SCM_RIGHTS;
-	c->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(c), &fd, sizeof(int));
-	do
-		n = sendmsg(ctl, &msg, MSG_DONTWAIT);
-	while (n == -1 && errno == EINTR);
-	return n == (ssize_t)sizeof(*h) ? 0 : -1;
+	return net_send_fd(ctl, h, sizeof(*h), fd);
 }
 
 /* One handover and its socket: 0, or -1 (nothing, or no socket came). */
 static int
 recv_fd(int ctl, struct handover *h, int *fd)
 {
-	union {
-		struct cmsghdr c;
-		char buf[CMSG_SPACE(sizeof(int))];
-	} u;
-	struct iovec iov = { h, sizeof(*h) };
-	struct msghdr msg;
-	struct cmsghdr *c;
-	ssize_t n;
-	int flags = MSG_DONTWAIT;
-
-#ifdef MSG_CMSG_CLOEXEC
-	flags |= MSG_CMSG_CLOEXEC;
-#endif
-	*fd = -1;
-	memset(&msg, 0, sizeof(msg));
-	msg.msg_iov = &iov;
-	msg.msg_iovlen = 1;
-	msg.msg_control = u.buf;
-	msg.msg_controllen = sizeof(u.buf);
-	do
-		n = recvmsg(ctl, &msg, flags);
-	while (n == -1 && errno == EINTR);
-	if (n <= 0)
-		return -1;
-	for (c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c))
-		if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-		    c->cmsg_len >= CMSG_LEN(sizeof(int)))
-			memcpy(fd, CMSG_DATA(c), sizeof(int));
-	if (n != (ssize_t)sizeof(*h) || *fd == -1) {
+	if (net_recv_fd(ctl, h, sizeof(*h), fd) != (ssize_t)sizeof(*h) ||
+	    *fd == -1) {
 		if (*fd != -1)
 			close(*fd);
 		*fd = -1;
