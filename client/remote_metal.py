@@ -12,7 +12,7 @@ from tinygrad.renderer import cstyle
 from tinygrad.uop.ops import UOp
 from client.connection import Runner, RunnerConnectionError, RunnerError, parse_addr
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EPEER
+from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EPEER, patch as pack_patch
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import runner_addrs
@@ -171,6 +171,10 @@ class RemoteGraph(GraphRunner):
     self.dev, self.gid = cast(RemoteDevice, Device[self.calls[0][2][0].device]), None
     # kernel buffer index of each call argument (calls list all arguments, kernels take ast.arg.globals)
     self.bufidx = [{a: i for i, a in enumerate(ast.arg.globals)} for _, ast, _, _ in self.calls]
+    # the patches of a call follow from its input buffers and symbolic values alone, so a Tgraphrun body is packed once per such set:
+    # a JIT step alternating between a few input batches sends a cached body (README, "Over a network": the time of this call)
+    self.inputs = sorted({iidx for j, rep in enumerate(self.uop_replace) for pos, iidx in rep if pos in self.bufidx[j]})
+    self.bodies: dict[tuple, tuple[bytes, int]] = {}
 
   def _define(self, var_vals:dict[str, int]):
     records = []
@@ -183,13 +187,18 @@ class RemoteGraph(GraphRunner):
 
   def __call__(self, input_uops:tuple[UOp, ...], var_vals:dict[str, int], wait=False) -> float|None:
     if self.gid is None: self._define(var_vals)
-    patches = [(j, PATCH_BUF, self.bufidx[j][pos], *cast(Buffer, input_uops[iidx].buffer)._buf[:2])
-               for j, rep in enumerate(self.uop_replace) for pos, iidx in rep if pos in self.bufidx[j]]
-    patches += [(j, PATCH_VAL, i, 0, v) for j, i, v in self.updated_vars(var_vals)]
-    for j, gs, ls in self.updated_launch_dims(var_vals):
-      patches += [(j, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, dims(gs)), (PATCH_LOCAL, dims(ls))) for d, x in enumerate(size)]
+    bufs = {iidx: cast(Buffer, input_uops[iidx].buffer)._buf[:2] for iidx in self.inputs}
+    key = (*bufs.values(), *var_vals.items())
+    if (packed:=self.bodies.get(key)) is None:
+      patches = [(j, PATCH_BUF, self.bufidx[j][pos], *bufs[iidx])
+                 for j, rep in enumerate(self.uop_replace) for pos, iidx in rep if pos in self.bufidx[j]]
+      patches += [(j, PATCH_VAL, i, 0, v) for j, i, v in self.updated_vars(var_vals)]
+      for j, gs, ls in self.updated_launch_dims(var_vals):
+        patches += [(j, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, dims(gs)), (PATCH_LOCAL, dims(ls))) for d, x in enumerate(size)]
+      if len(self.bodies) >= 64: self.bodies.clear()   # e.g. a symbolic value that keeps changing: bounded, packed anew
+      packed = self.bodies[key] = (b"".join(pack_patch(*p) for p in patches), len(patches))
     if self.dev.profiler is not None: self.dev.profiler.issued(len(self.calls))
-    return self.dev.runner.graph_run(cast(int, self.gid), patches, wait=wait)
+    return self.dev.runner.graph_run(cast(int, self.gid), body=packed, wait=wait)
 
   @suppress_finalizing
   def __del__(self):
