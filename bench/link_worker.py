@@ -2,9 +2,12 @@
 workloads that a network link changes. Prints {"ready": ...}, then answers one JSON line per stdin line:
 
   mlp_item N / mlp_sync N   tg_worker.py's TinyJit MLP step, loss read every step / a sync every 50 steps, at least N steps
+  mlp_fused N               mlp_sync with tg_worker.py's STEP_FUSED: the loss realized with the update (the same kernels in 0.11 and 0.14)
   load BYTES                Allocator._copyin of BYTES (random) into a device buffer, then a sync: seconds and GB/s
   llm N                     decode N tokens (greedy) with a small llama-style model with random weights (LLM below); the first call
                             builds it, uploads the weights from host memory (timed: load_s) and captures the decode JIT
+  llm2 N                    the same model split by layers over two devices, DEV and DEV:1 (place_split): a pipeline, the hidden
+                            state moved between them with Tensor.to each token; 0.14's REMOTE also answers each connection's counters
   beam                      BEAM=2 search and run of one 256x256x256 float matmul of a shape not searched before in this process
 
 Runs under tinygrad 0.14 (REMOTE: this runner through METAL_RUNNER, or CPU) and 0.11 (REMOTE=1 HOST=...: 0.11's REMOTE). With 0.14's
@@ -34,6 +37,12 @@ def stats() -> dict:
 
 def diff(a:dict, b:dict) -> dict: return {k: b[k] - a.get(k, 0) for k in b}
 
+def stats_by_dev() -> dict:
+  """Runner.stats() of each open REMOTE device's connection (0.14's REMOTE only)."""
+  if DEV != "REMOTE" or not V014: return {}
+  from tinygrad.device import Device as D
+  return {d: D[d].runner.stats() for d in D._opened_devices if d.startswith("REMOTE")}
+
 def m_load(nbytes:int) -> dict:
   from tinygrad.device import Buffer
   from tinygrad.dtype import dtypes
@@ -50,8 +59,9 @@ def m_load(nbytes:int) -> dict:
 
 MODELS: dict = {}
 
-def build_llm(device:str) -> dict:
-  """The model with weights uploaded from host memory (numpy, seed 0) onto device."""
+def build_llm(device:str, split:tuple[str, str]|None=None) -> dict:
+  """The model with weights uploaded from host memory (numpy, seed 0) onto device; with split=(dev0, dev1), split by layers (a pipeline):
+  the embedding and the first half of the blocks on dev0, the other blocks, the final norm and the head on dev1 (place_split)."""
   Tensor.manual_seed(0)
   if V014:
     if "tinygrad.llm.kernels.amd" not in sys.modules:
@@ -75,22 +85,54 @@ def build_llm(device:str) -> dict:
   nbytes = sum(a.nbytes for a in host.values())
   W.sync()
   s0, t = stats(), time.perf_counter()
-  for k, p in params.items(): p.replace(Tensor(host[k], device=device))
+  for k, p in params.items(): p.replace(Tensor(host[k], device=device if split is None else split[on_second(k)]))
   Tensor.realize(*params.values())
   W.sync()
   load_s = time.perf_counter() - t
+  if split is not None: place_split(model, split)
   return {"model": model, "load_s": load_s, "bytes": nbytes, "params": sum(a.size for a in host.values()), "load_stats": diff(s0, stats())}
 
-def m_llm(n:int) -> dict:
-  if "llm" not in MODELS: MODELS["llm"] = build_llm(DEV)
-  m = MODELS["llm"]
+SPLIT_AT = LLM["num_blocks"] // 2
+def on_second(key:str) -> int:
+  """1 if the weight of this state-dict key lives on the second device of the split."""
+  return int(key.startswith(("output", "output_norm")) or (key.startswith("blk.") and int(key.split(".")[1]) >= SPLIT_AT))
+
+def place_split(model, devs:tuple[str, str]):
+  """Replace the model's forward (and its JITs) by one that moves the hidden state to devs[1] before block SPLIT_AT (Tensor.to, through
+  the host: a runner-to-runner copy does not exist yet) and the sampled token back to devs[0]; otherwise the model's own forward."""
+  from tinygrad import TinyJit
+  def forward(tokens:Tensor, start_pos, *temperature:Tensor) -> Tensor:
+    x = model.token_embd(tokens.to(devs[0]))
+    if V014: x = x.float()
+    for i, block in enumerate(model.blk[:SPLIT_AT]): x = block(x, start_pos)
+    x = x.to(devs[1])
+    if not V014:
+      # 0.11's apply_rope makes its Tensor.arange on the default device: the second half runs with devs[1] as default
+      from tinygrad import Device
+      old, Device.DEFAULT = Device.DEFAULT, devs[1]
+      try:
+        for block in model.blk[SPLIT_AT:]: x = block(x, start_pos)
+        return model.output(model.output_norm(x))[:, -1, :].softmax(-1).argmax(-1, keepdim=True)
+      finally: Device.DEFAULT = old
+    for block in model.blk[SPLIT_AT:]: x = block(x, start_pos)
+    logits, temp = model.output(model.output_norm(x[:, -1:]))[:, -1, :], temperature[0].to(devs[1])
+    return (logits / temp.maximum(1e-12) - (Tensor.rand_like(logits).maximum(1e-12).log().neg()).log()).argmax(-1, keepdim=True)
+  model.forward = forward
+  if V014: model.prefill_jit, model.rollout_jit = TinyJit(forward), TinyJit(forward)
+  else: model.forward_jit = TinyJit(forward)
+
+def m_llm(n:int, split:bool=False) -> dict:
+  name = "llm2" if split else "llm"
+  if name not in MODELS: MODELS[name] = build_llm(DEV, (f"{DEV}", f"{DEV}:1") if split else None)
+  m = MODELS[name]
   gen = m["model"].generate([1, 2, 3, 4])
   for _ in range(4): next(gen)   # prefill, capture, warm up
-  s0, t = stats(), time.perf_counter()
+  s0, d0, t = stats(), stats_by_dev(), time.perf_counter()
   toks = [next(gen) for _ in range(n)]
   s = time.perf_counter() - t
   out = {"tok_per_s": n / s, "ms_per_tok": s / n * 1e3, "tokens": n, "stats": diff(s0, stats()), "load_s": m["load_s"], "bytes": m["bytes"],
          "params": m["params"], "load_stats": m["load_stats"], "last": int(toks[-1])}
+  if split: out["stats_by_dev"] = {d: diff(d0.get(d, {}), v) for d, v in stats_by_dev().items()}
   m["model"]._cached_tokens = [] if V014 else None
   return out
 
@@ -106,21 +148,22 @@ def m_beam() -> dict:
   W.sync()
   return {"seconds": time.perf_counter() - t, "stats": diff(s0, stats())}
 
-def m_mlp(every:int, n:int) -> dict:
+def m_mlp(every:int, n:int, fused:bool=False) -> dict:
   """tg_worker.py's MLP steps (at least n, and 0.3 s), with the loss read every step (every=1) or a sync every 50; the counters cover
   exactly the steps and their reads or syncs."""
   W.sync()
   s0, steps, t = stats(), 0, time.perf_counter()
   while steps < n or time.perf_counter() - t < 0.3:
     for _ in range(50):
-      loss = W.STEP(W.XS[steps % 4], W.YS[steps % 4])
+      loss = (W.STEP_FUSED if fused else W.STEP)(W.XS[steps % 4], W.YS[steps % 4])
       steps += 1
       if every == 1: loss.item()
     if every != 1: W.sync()
   return {"steps_per_s": steps / (time.perf_counter() - t), "steps": steps, "stats": diff(s0, stats())}
 
-CMDS = {"mlp_item": lambda n: m_mlp(1, int(n)), "mlp_sync": lambda n: m_mlp(50, int(n)), "load": lambda n: m_load(int(n)),
-        "llm": lambda n: m_llm(int(n)), "beam": lambda *_: m_beam()}
+CMDS = {"mlp_item": lambda n: m_mlp(1, int(n)), "mlp_sync": lambda n: m_mlp(50, int(n)), "mlp_fused": lambda n: m_mlp(50, int(n), fused=True),
+        "load": lambda n: m_load(int(n)),
+        "llm": lambda n: m_llm(int(n)), "llm2": lambda n: m_llm(int(n), split=True), "beam": lambda *_: m_beam()}
 
 if __name__ == "__main__":
   from importlib.metadata import version

@@ -8,8 +8,9 @@ all switch profile together, so each worker keeps its connection, its compiled k
   2. for this runner (0.14 REMOTE) and 0.11 REMOTE, each in its own process (bench/link_worker.py): the TinyJit MLP step reading the
      loss every step and syncing every 50 steps; a weight upload (one Allocator._copyin, about 1 s of link time, 4 to 64 MiB); LLM
      decoding (link_worker.LLM, ~20 M parameters, random weights); BEAM=2 of one matmul (not on the WAN profile, where its timing
-     round trips take minutes); not measured: the LLM sharded across two runners (tinygrad 0.14's tinygrad.llm model fails to
-     schedule with sharded weights, in its @function tracing and without it in the scheduler)
+     round trips take minutes); the same LLM split by layers over two runners (llm2: a pipeline, link_worker.place_split; the hidden
+     state goes through this host), and the MLP step with the loss realized with the update (mlp_fused: the same kernels in 0.11 and
+     0.14). Sharding the LLM's weights over two runners fails in tinygrad 0.14 itself: bench/shard_repro.py
 Local tinygrad CPU (0.14) runs the same MLP, LLM and BEAM once, without a link: the "local" term of the ideal line
   ideal = local time + round trips x RTT + bytes / rate
 with this runner's measured round trips and bytes per step (Runner.stats()) and the emulator's measured RTT and rate; and a stricter
@@ -43,7 +44,7 @@ class Relay:
       self.p.terminate()
       self.p.wait(5)
 
-def bench_network(R, runner, log, quick:bool=False):
+def bench_network(R, runner, log, quick:bool=False, only:str|None=None):
   """R: bench/run.py (its Proc, Worker, add, FIG, RESULTS, LOGS, INFO, tg_env)."""
   import remote011 as r011
   subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-pthread", "-o", R.RESULTS / "linkemu", HERE / "linkemu.c"], check=True)
@@ -55,11 +56,16 @@ def bench_network(R, runner, log, quick:bool=False):
     procs.append(sink := R.Proc([R.RESULTS / "echo", "sink", "0"], name="net-sink"))
     py011 = r011.setup(sys.stderr)
     procs.append(s011 := R.Proc([py011, HERE / "remote011.py", "server"], env=R.tg_env(os.environ, REMOTEDEV="CPU"), name="net-remote011-server"))
-    for name, target in (("runner", runner.addr), ("r011", s011.addr), ("echo", f"127.0.0.1:{echo.port}"), ("sink", f"127.0.0.1:{sink.port}")):
+    # the second runner and 0.11 server, for the LLM split by layers over two devices (REMOTE:1), each behind its own relay
+    procs.append(runner2 := R.Proc([R.DAEMON, "--host", "127.0.0.1", "--port", "0", "--backend", "cpu"], name="net-runner2"))
+    procs.append(s011b := R.Proc([py011, HERE / "remote011.py", "server"], env=R.tg_env(os.environ, REMOTEDEV="CPU"), name="net-remote011-server2"))
+    for name, target in (("runner", runner.addr), ("runner2", runner2.addr), ("r011", s011.addr), ("r011b", s011b.addr),
+                         ("echo", f"127.0.0.1:{echo.port}"), ("sink", f"127.0.0.1:{sink.port}")):
       relays[name] = Relay(emu, target, name, R.LOGS)
-    sides["remote"] = R.Worker([sys.executable, HERE / "link_worker.py", "REMOTE"], {**env0, "DEV": "REMOTE", "METAL_RUNNER": relays["runner"].addr},
-                               "net-remote")
-    sides["r011"] = R.Worker([py011, HERE / "link_worker.py", "REMOTE"], {**env0, "REMOTE": "1", "HOST": relays["r011"].addr}, "net-r011")
+    sides["remote"] = R.Worker([sys.executable, HERE / "link_worker.py", "REMOTE"],
+                               {**env0, "DEV": "REMOTE", "METAL_RUNNER": f"{relays['runner'].addr},{relays['runner2'].addr}"}, "net-remote")
+    sides["r011"] = R.Worker([py011, HERE / "link_worker.py", "REMOTE"],
+                             {**env0, "REMOTE": "1", "HOST": f"{relays['r011'].addr}*1,{relays['r011b'].addr}*1"}, "net-r011")
     sides["cpu"] = R.Worker([sys.executable, HERE / "link_worker.py", "CPU"], {**env0, "DEV": "CPU"}, "net-cpu")
     for w in sides.values(): w.ready(600)
     for w in sides.values(): w.ask("beam", 1800)   # untimed: BEAM's first search starts its compile workers
@@ -68,10 +74,11 @@ def bench_network(R, runner, log, quick:bool=False):
     cpu = sides["cpu"]
     out["local"] = {"mlp_item": median_run([cpu.ask(f"mlp_item {MLP_STEPS}", 600) for _ in range(REPS)]),
                     "mlp_sync": median_run([cpu.ask(f"mlp_sync {MLP_STEPS * 2}", 600) for _ in range(REPS)]),
+                    "mlp_fused": median_run([cpu.ask(f"mlp_fused {MLP_STEPS * 2}", 600) for _ in range(REPS)]),
                     "llm": median_run([cpu.ask(f"llm {LLM_TOKENS}", 900) for _ in range(REPS)]), "beam": cpu.ask("beam", 1800)}
     log(f"  local CPU: mlp {out['local']['mlp_item'].get('steps_per_s', 0):.0f}/{out['local']['mlp_sync'].get('steps_per_s', 0):.0f} steps/s, "
         f"llm {out['local']['llm'].get('tok_per_s', 0):.1f} tok/s, beam {out['local']['beam'].get('seconds', 0):.1f} s")
-    for pname, rtt_ms, mbit in (PROFILES[:1] + PROFILES[2:4] if quick else PROFILES):
+    for pname, rtt_ms, mbit in [p for p in (PROFILES[:1] + PROFILES[2:4] if quick else PROFILES) if only is None or p[0] in only.split(",")]:
       t0 = time.time()
       delay = rtt_ms * 500.0   # µs one way
       for r in relays.values(): r.profile(delay, mbit)
@@ -96,15 +103,18 @@ def bench_network(R, runner, log, quick:bool=False):
         # limit ("base": the floor line's local term, taken now rather than at another time), then, on the profile, this runner,
         # 0.11 REMOTE and local tinygrad CPU (the ideal line's local term), the two remote sides swapping places run by run
         for r in relays.values(): r.profile(0, 0)
-        for wl, cmd in (("mlp_item", f"mlp_item {MLP_STEPS}"), ("mlp_sync", f"mlp_sync {MLP_STEPS * 2}"), ("llm", f"llm {LLM_TOKENS}")):
+        for wl, cmd in (("mlp_item", f"mlp_item {MLP_STEPS}"), ("mlp_sync", f"mlp_sync {MLP_STEPS * 2}"), ("mlp_fused", f"mlp_fused {MLP_STEPS * 2}"),
+                        ("llm", f"llm {LLM_TOKENS}"), ("llm2", f"llm2 {LLM_TOKENS}")):
           runs["base"].setdefault(wl, []).append(sides["remote"].ask(cmd, 900))
         for r in relays.values(): r.profile(delay, mbit)
         for side in (("remote", "r011", "cpu") if rep % 2 == 0 else ("r011", "remote", "cpu")):
           w, res = sides[side], runs[side]
           res.setdefault("mlp_item", []).append(w.ask(f"mlp_item {MLP_STEPS}", 900))
           res.setdefault("mlp_sync", []).append(w.ask(f"mlp_sync {MLP_STEPS * 2}", 900))
+          res.setdefault("mlp_fused", []).append(w.ask(f"mlp_fused {MLP_STEPS * 2}", 900))
           if side != "cpu": res.setdefault("load", []).append(w.ask(f"load {load_bytes}", 900))
           res.setdefault("llm", []).append(w.ask(f"llm {LLM_TOKENS}", 1800))
+          if side != "cpu": res.setdefault("llm2", []).append(w.ask(f"llm2 {LLM_TOKENS}", 1800))
           if rtt_ms < 10 and rep == 0: res.setdefault("beam", []).append(w.ask("beam", 1800))
       prof["sides"] = {side: {k: median_run(v) for k, v in res.items()} for side, res in runs.items()}
       prof["seconds"] = time.time() - t0
@@ -140,27 +150,30 @@ def derive(out:dict) -> list[dict]:
   rows = []
   for p in out["profiles"]:
     rtt_s, bps = p["emu_rtt_us"] * 1e-6, p["emu_gbps"] * 1e9
-    for wl, unit_key, per in (("mlp_item", "steps", "step"), ("mlp_sync", "steps", "step"), ("llm", "tokens", "token")):
+    for wl, unit_key, per in (("mlp_item", "steps", "step"), ("mlp_sync", "steps", "step"), ("mlp_fused", "steps", "step"),
+                              ("llm", "tokens", "token"), ("llm2", "tokens", "token")):
       rm, ro = p["sides"]["remote"].get(wl, {}), p["sides"]["r011"].get(wl, {})
       loc = p["sides"].get("cpu", out["local"])   # local tinygrad measured with this profile's runs
-      if "error" in rm or wl not in loc or "error" in loc[wl]: continue
-      n = rm[unit_key]
-      t_loc = 1 / (loc[wl]["steps_per_s"] if wl != "llm" else loc[wl]["tok_per_s"])
-      t_rm = 1 / (rm["steps_per_s"] if wl != "llm" else rm["tok_per_s"])
-      t_ro = (1 / (ro["steps_per_s"] if wl != "llm" else ro["tok_per_s"])) if ro and "error" not in ro else None
+      lwl = "llm" if wl == "llm2" else wl   # the split model's local term: the same model on one local CPU device
+      if not rm or "error" in rm or lwl not in loc or "error" in loc[lwl]: continue
+      n, tok = rm[unit_key], wl.startswith("llm")
+      t_loc = 1 / (loc[lwl]["steps_per_s"] if not tok else loc[lwl]["tok_per_s"])
+      t_rm = 1 / (rm["steps_per_s"] if not tok else rm["tok_per_s"])
+      t_ro = (1 / (ro["steps_per_s"] if not tok else ro["tok_per_s"])) if ro and "error" not in ro else None
       st = rm["stats"]
       rt, byts = st["round_trips"] / n, (st["bytes_sent"] + st["bytes_received"]) / n
       ideal = t_loc + rt * rtt_s + (byts / bps if p["mbit"] else 0)
       # the stricter line: this runner's own time on the loopback profile (less its round trips there) in place of local tinygrad
       lr, floor = p["sides"].get("base", {}).get(wl, {}), None
       if lr and "error" not in lr:
-        t_lo = 1 / (lr["steps_per_s"] if wl != "llm" else lr["tok_per_s"]) - lr["stats"]["round_trips"] / lr[unit_key] * out["relay_rtt_us"] * 1e-6
+        t_lo = 1 / (lr["steps_per_s"] if not tok else lr["tok_per_s"]) - lr["stats"]["round_trips"] / lr[unit_key] * out["relay_rtt_us"] * 1e-6
         floor = t_lo + rt * rtt_s + (byts / bps if p["mbit"] else 0)
       rows.append({"profile": p["name"], "rtt_ms": p["emu_rtt_us"] / 1000, "workload": wl, "per": per, "local_ms": t_loc * 1e3,
                    "runner_ms": t_rm * 1e3,
                    "r011_ms": t_ro * 1e3 if t_ro else None, "ideal_ms": ideal * 1e3, "round_trips": rt, "bytes": byts,
                    "vs_ideal": t_rm / ideal, "r011_vs_runner": (t_ro / t_rm) if t_ro else None,
-                   "floor_ms": floor * 1e3 if floor else None, "vs_floor": t_rm / floor if floor else None})
+                   "floor_ms": floor * 1e3 if floor else None, "vs_floor": t_rm / floor if floor else None,
+                   "rt_by_dev": {d: v["round_trips"] / n for d, v in rm.get("stats_by_dev", {}).items()}})
   return rows
 
 def table(out:dict) -> str:
@@ -175,7 +188,7 @@ def table(out:dict) -> str:
   for r in derive(out):
     L.append(f"{r['profile']:<9} {r['workload']:<9} {r['local_ms']:>8.2f} {r['runner_ms']:>8.2f} {r['ideal_ms']:>8.2f} {r['vs_ideal']:>9.2f} "
              f"{(r['floor_ms'] or 0):>8.2f} {(r['vs_floor'] or 0):>9.2f} {(r['r011_ms'] or 0):>9.2f} {(r['r011_vs_runner'] or 0):>8.2f} "
-             f"{r['round_trips']:>7.3f} {r['bytes']:>8.0f}")
+             f"{r['round_trips']:>7.3f} {r['bytes']:>8.0f}" + (f"  RT per connection: {r['rt_by_dev']}" if r["rt_by_dev"] else ""))
   L.append("")
   L.append(f"{'profile':<9} {'load GB/s':>9} {'of link':>7} {'0.11 GB/s':>9} {'BEAM=2 s':>8} {'0.11 s':>7} {'local s':>7}")
   loc = out["local"]

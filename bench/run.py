@@ -473,6 +473,7 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="fewer and shorter runs (about a minute)")
   ap.add_argument("--remote011", action="store_true", help="also measure tinygrad 0.11.0's REMOTE device (creates bench/.venv011)")
+  ap.add_argument("--profiles", default=None, help="network: only these link profiles, e.g. loopback,1GbE (names in bench/netbench.py)")
   ap.add_argument("--reps", type=int, default=None, help="runs per figure (default 5, --quick 3)")
   ap.add_argument("--only", default="link,conc,tinygrad,footprint", help="sections, from link,conc,tinygrad,footprint,network (network: "
                   "over emulated links, bench/netbench.py; not in the default set, it takes about 15 minutes)")
@@ -495,7 +496,8 @@ def main():
              ("conc", "concurrent clients", lambda: bench_concurrency(runner, reps, args.quick)),
              ("tinygrad", "tinygrad level", lambda: bench_tinygrad(runner, reps, args.remote011, INFO["runner"]["ncores"], args.quick)),
              ("footprint", "footprint", lambda: bench_footprint(reps)),
-             ("network", "over emulated links", lambda: NET.update(netbench.bench_network(sys.modules[__name__], runner, log, args.quick)))]
+             ("network", "over emulated links",
+              lambda: NET.update(netbench.bench_network(sys.modules[__name__], runner, log, args.quick, args.profiles)))]
     for key, name, fn in steps:
       if key not in only: continue
       log(f"{name} ...")

@@ -79,7 +79,7 @@ class MLP:
   def __call__(self, x): return self.l2(self.l1(x).relu())
 
 def setup_mlp():
-  global MODEL, OPT, STEP, XS, YS
+  global MODEL, OPT, STEP, STEP_FUSED, XS, YS
   with train_ctx():
     Tensor.manual_seed(0)
     MODEL = MLP()
@@ -98,6 +98,18 @@ def setup_mlp():
       return loss.realize()
   STEP = step
   for i in range(6): STEP(XS[i % 4], YS[i % 4]).item()  # capture the JIT, warm up
+
+  # the same step with the loss realized together with the update (tinygrad's examples do this): tinygrad 0.14 schedules step() above
+  # with the first layer's forward matmul twice (the loss after OPT.step() is computed anew), 0.11 with it once; this one is the same
+  # work in both (bench/link_worker.py mlp_fused)
+  @TinyJit
+  def step_fused(x, y):
+    with train_ctx():
+      OPT.zero_grad()
+      loss = MODEL(x).sparse_categorical_crossentropy(y).backward()
+      return loss.realize(*OPT.schedule_step())
+  STEP_FUSED = step_fused
+  for i in range(6): STEP_FUSED(XS[i % 4], YS[i % 4]).item()
 
 def m_launch(n=1000):
   sync()
