@@ -31,6 +31,13 @@ class Spy:
       monkeypatch.setattr(runner, name, wrap)
   def names(self): return [c[0] for c in self.calls]
 
+def patches_of(call) -> list[tuple]:
+  """The (entry, kind, index, handle, value) patches of a recorded graph_run call: given as a list, or packed (body=(bytes, count))."""
+  if (body:=call[2].get("body")) is None: return list(call[1][1]) if len(call[1]) > 1 else list(call[2].get("patches", ()))
+  data, count = body
+  assert len(data) == count * P.PATCH.size, (len(data), count)
+  return [(f["entry"], f["kind"], f["index"], f["handle"], f["value"]) for f in (P.PATCH.unpack(data, i * P.PATCH.size) for i in range(count))]
+
 @pytest.fixture
 def spy(remote, monkeypatch):
   from tinygrad import Device
@@ -168,7 +175,7 @@ def test_jit_changing_inputs(remote, spy):
       run = spy.calls[start + sent.index("graph_run")]
       assert sent.count("graph_run") == 1 and "launch" not in sent, sent
       # the input buffers change every call: the run patches exactly this call's x and y into the kernels that read them
-      assert {p[3] for p in run[1][1] if p[1] == P.PATCH_BUF} == {x.uop.buffer._buf[0], y.uop.buffer._buf[0]}
+      assert {p[3] for p in patches_of(run) if p[1] == P.PATCH_BUF} == {x.uop.buffer._buf[0], y.uop.buffer._buf[0]}
     if i >= 2: assert not run[2].get("wait") and sent == ["graph_run"], f"a JIT call should be one request that does not wait: {sent}"
   assert len([c for c in spy.calls if c[0] == "graph"]) == 1
 
@@ -182,7 +189,7 @@ def test_jit_symbolic_shape(remote, spy):
     got = jit(t[:Variable("n", 1, 40).bind(n)]).item()
     assert got == pytest.approx(float((base[:n] * 2).sum() + base[:n].max()), rel=1e-5, abs=1e-5), n
   runs = [c for c in spy.calls if c[0] == "graph_run"]
-  assert [sorted({p[4] for p in c[1][1] if p[1] == P.PATCH_VAL}) for c in runs] == [[17], [40], [9], [25]]
+  assert [sorted({p[4] for p in patches_of(c) if p[1] == P.PATCH_VAL}) for c in runs] == [[17], [40], [9], [25]]
 
 # *** BEAM and DEBUG=2: device time measured by the runner
 
