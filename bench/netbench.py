@@ -78,6 +78,8 @@ def bench_network(R, runner, log, quick:bool=False, only:str|None=None):
                     "llm": median_run([cpu.ask(f"llm {LLM_TOKENS}", 900) for _ in range(REPS)]), "beam": cpu.ask("beam", 1800)}
     log(f"  local CPU: mlp {out['local']['mlp_item'].get('steps_per_s', 0):.0f}/{out['local']['mlp_sync'].get('steps_per_s', 0):.0f} steps/s, "
         f"llm {out['local']['llm'].get('tok_per_s', 0):.1f} tok/s, beam {out['local']['beam'].get('seconds', 0):.1f} s")
+    for r in relays.values(): r.profile(0, 0)
+    out["relay_rtt_us"] = R.echo_rtt(relays["echo"].port, 500)["median_us"]   # the relay's own round trip (the floor line), on any profiles
     for pname, rtt_ms, mbit in [p for p in (PROFILES[:1] + PROFILES[2:4] if quick else PROFILES) if only is None or p[0] in only.split(",")]:
       t0 = time.time()
       delay = rtt_ms * 500.0   # µs one way
@@ -94,7 +96,7 @@ def bench_network(R, runner, log, quick:bool=False, only:str|None=None):
         meas = R.echo_rtt(relays["echo"].port, n)["median_us"]
       nbytes = int(min(256 * MIB, max(4 * MIB, (mbit or 8000) * 1e6 / 8 * 0.5)))
       rate = R.echo_stream(relays["sink"].port, nbytes, 0)["gbps"]
-      if rtt_ms == 0: out["relay_rtt_us"] = meas   # the relay's own round trip, without delay: subtracted from the floor's local term
+      if rtt_ms == 0: out["relay_rtt_us"] = meas   # measured again with the loopback profile's runs
       prof = {"name": pname, "rtt_ms": rtt_ms, "mbit": mbit, "delay_us": delay, "emu_rtt_us": meas, "emu_gbps": rate, "sides": {}}
       load_bytes = int(min(64 * MIB, max(4 * MIB, (mbit or 8000) * 1e6 / 8 * 1.0))) // MIB * MIB
       runs: dict = {"remote": {}, "r011": {}, "cpu": {}, "base": {}}

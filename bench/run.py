@@ -518,8 +518,9 @@ def main():
         f"{reps} runs per figure, median [min, max]; {INFO['duration_s']:.0f} s; load average {load0[0]:.2f} at start, {INFO['loadavg_end'][0]:.2f} at end")
   print(out)
   if NET:
-    print(netbench.table(NET))
+    (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET}, indent=1, ensure_ascii=False))   # the raw figures first
     (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET, "rows": netbench.derive(NET)}, indent=1, ensure_ascii=False))
+    print(netbench.table(NET))
     print(f"network figures: {RESULTS / 'network.json'}")
     try:
       import plot
