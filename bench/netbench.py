@@ -10,7 +10,8 @@ all switch profile together, so each worker keeps its connection, its compiled k
      decoding (link_worker.LLM, ~20 M parameters, random weights); BEAM=2 of one matmul (not on the WAN profile, where its timing
      round trips take minutes); the same LLM split by layers over two runners (llm2: a pipeline, link_worker.place_split; the hidden
      state goes through this host), and the MLP step with the loss realized with the update (mlp_fused: the same kernels in 0.11 and
-     0.14). Sharding the LLM's weights over two runners fails in tinygrad 0.14 itself: bench/shard_repro.py
+     0.14). Sharding the LLM's weights (Tensor.shard) fails or decodes wrong tokens in tinygrad 0.14 itself unless every weight is
+     replicated: bench/shard_repro.py
 Local tinygrad CPU (0.14) runs the same MLP, LLM and BEAM once, without a link: the "local" term of the ideal line
   ideal = local time + round trips x RTT + bytes / rate
 with this runner's measured round trips and bytes per step (Runner.stats()) and the emulator's measured RTT and rate; and a stricter
