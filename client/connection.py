@@ -258,6 +258,8 @@ class Runner:
     """read() when the session may be resumed: the runner keeps only its last Rresumekey.log bytes of replies to send again, so
     parts are a quarter of that and at most two are in flight (the pipe stays full; one round trip as before)."""
     if self._rs.key is None: self.ping()   # learn the runner's reply log, once
+    # settle the resume window first (an upload may have left it open): a window Rping must never be waited for behind an Rread in flight
+    if self._rs.ping is not None or self._rs.held > WINDOW: self.ping()
     step = min(self.maxmsg - P.MSGS[P.RREAD].size, max(4096, self._rs.key["log"] // 4))
     parts, tags = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)], []
     try:

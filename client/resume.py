@@ -41,6 +41,7 @@ class Replay:
     """A whole frame arrived: count it, and drop the requests it shows were processed. pending: bytes queued but not sent."""
     self.received += size
     if t == P.RRESUMEKEY and f.get("grace"): self.key = f
+    if tag == self.ping: self.ping = None   # also when a resume already dropped its request (sent again by the runner, processed before)
     st = self.starts
     if not st or (i := (tag - st[0][0]) & 0xffffffff) >= len(st): return
     if self.ping is not None and (self.ping - st[0][0]) & 0xffffffff <= i: self.ping = None

@@ -190,19 +190,26 @@ resume_forked(int slot)
 }
 
 void
+resume_reclaim(int slot)
+{
+	if (pctl == NULL || pctl[slot] == -1)
+		return;
+	/* A connection passed up just before its session ended is still in
+	 * the socket: route it first. */
+	while (route_one(slot) == 0)
+		;
+	close(pctl[slot]);
+	pctl[slot] = -1;
+}
+
+void
 resume_sweep(void)
 {
 	uint32_t i;
 
 	for (i = 0; pctl != NULL && i < npctl; i++)
-		if (pctl[i] != -1 && !slot_get(i)->busy) {
-			/* A connection passed up just before its session
-			 * ended is still in the socket: route it first. */
-			while (route_one((int)i) == 0)
-				;
-			close(pctl[i]);
-			pctl[i] = -1;
-		}
+		if (pctl[i] != -1 && !slot_get(i)->busy)
+			resume_reclaim((int)i);
 }
 
 int

@@ -23,6 +23,9 @@ void resume_child(void);
 void resume_forked(int slot);
 /* Close the accept loop's ends of slots that are free again. */
 void resume_sweep(void);
+/* Route what is left in slot's control socket and close it (the slot is
+ * taken again). */
+void resume_reclaim(int slot);
 /* Fill p with the accept loop's ends to watch, slots[i] the slot of p[i];
  * returns how many (at most max). */
 int resume_pollfds(struct pollfd *p, int *slots, int max);

@@ -426,6 +426,10 @@ serve(const struct mr_config *cfg)
 		    slot_starting() >= max_startups)
 			slot = -1;
 		else if ((slot = slot_take()) != -1) {
+			/* With thread isolation the slot's last session may
+			 * have ended since the sweep, leaving a resume it
+			 * passed up in its control socket. */
+			resume_reclaim(slot);
 			slot_get(slot)->id = next_id;
 			nactive++;
 		}

@@ -40,6 +40,7 @@ class Result:
   seconds: float
   processes: int = 0          # valgrind logs, one per process
   resumed: int = 0            # sessions resumed on a new connection (in process isolation each new connection is a process too)
+  peers: int = 0              # copies over a peer connection (each: the destination session and the peer connection's process)
   errors: int = 0             # sum of ERROR SUMMARY counts (leaks of the kinds above included)
   definite: int = 0           # bytes definitely lost
   indirect: int = 0           # bytes indirectly lost
@@ -192,7 +193,7 @@ def run(isolation:str, cycles:int=1000, clients:int=4, binary:pathlib.Path|None=
     # In process isolation: a process per session, per resuming connection and per peer connection, and the peer broker
     # (whose log ends with the daemon).
     res.resumed = sum(map(resumes, range(cycles)))
-    peers = sum(i % PEER_EVERY == PEER_AT for i in range(cycles))
+    res.peers = peers = sum(i % PEER_EVERY == PEER_AT for i in range(cycles))
     sessions, deadline = (cycles + res.resumed + 2 * peers if isolation == "process" else 0), time.monotonic() + 60
     while sessions and time.monotonic() < deadline:
       if sum(parse_log(f.read_text())[0] is not None for f in logdir.glob("vg.*")) >= sessions: break
