@@ -141,6 +141,9 @@ class RemoteAllocator(LRUAllocator['RemoteDevice']):
 # *** copies between runners (protocol.md, Copies between runners): METAL_RUNNER_PEER=0 sends them through this host
 
 PEER = getenv("METAL_RUNNER_PEER", 1)
+# A direct copy waits for a grant, then for the source to connect and both sides to prove the grant: several round trips, against one
+# (a read) through this host. It pays off only when the bytes, not the round trips, dominate; smaller copies go through this host.
+PEER_MIN = getenv("METAL_RUNNER_PEER_MIN", 1 << 20)
 unreachable: set[tuple[str, str]] = set()   # (source, destination) runner addresses whose direct copy failed to connect: not tried again
 
 def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) -> bool:
@@ -148,7 +151,7 @@ def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) ->
   source's session uses to push the bytes. The destination has them when this returns. False: they cannot reach each other (DEBUG>=1 says
   so), copy through this host."""
   s, d = src_dev.runner, dest_dev.runner
-  if not PEER or not s.info.caps & d.info.caps & CAP_PEER or (s.addr, d.addr) in unreachable: return False
+  if not PEER or sz < PEER_MIN or not s.info.caps & d.info.caps & CAP_PEER or (s.addr, d.addr) in unreachable: return False
   grant, secret = d.grant(dest[0], dest[1], sz)
   host, port = parse_addr(d.addr)   # the destination as this host reaches it; the source must reach it there too, or the copy falls back
   # profiling: the whole copy as the host waits for it, on <destination>:NET (the runners record no COPY event for it)

@@ -133,13 +133,34 @@ print(json.dumps({"allreduce": float(np.abs(allreduce - x.sum(axis=0)).max()), "
 """
 
 def test_shard_and_allreduce_equal_local(daemon_bin):
-  with runners() as (ra, rb):
-    r = run_python(SHARD_SCRIPT, {"METAL_RUNNER": f"{ra.addr},{rb.addr}"})
+  with runners() as (ra, rb):   # the allreduce's copies are small: METAL_RUNNER_PEER_MIN=0 sends them runner to runner all the same
+    r = run_python(SHARD_SCRIPT, {"METAL_RUNNER": f"{ra.addr},{rb.addr}", "METAL_RUNNER_PEER_MIN": "0"})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["allreduce"] < 1e-3 and out["mm"] < 1e-5, out
     logs = ra.log_text() + rb.log_text()
     assert re.search(r"received \d+ bytes from a peer", logs), logs   # the allreduce's copies went runner to runner
+
+SMALL_SCRIPT = """
+import json, numpy as np, client.remote_metal
+from tinygrad import Device, Tensor
+a, b = Device["REMOTE:0"].runner, Device["REMOTE:1"].runner
+x = np.arange(512, dtype=np.float32)   # 2 KiB, below METAL_RUNNER_PEER_MIN (1 MiB)
+t = Tensor(x, device="REMOTE:0").realize()
+Device["REMOTE:1"].synchronize()
+sa = a.stats()
+u = t.to("REMOTE:1").realize()
+print(json.dumps({"equal": bool((u.numpy() == x).all()), "rt": a.stats()["round_trips"] - sa["round_trips"]}))
+"""
+
+def test_a_small_copy_goes_through_the_client(daemon_bin):
+  """A direct copy costs a grant and a peer connection's proofs, several round trips; under 1 MiB one read through the client is cheaper."""
+  with runners() as (ra, rb):
+    r = run_python(SMALL_SCRIPT, {"METAL_RUNNER": f"{ra.addr},{rb.addr}"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["equal"] and out["rt"] == 1, out   # the read of 2 KiB from REMOTE:0
+    assert "from a peer" not in ra.log_text() + rb.log_text()
 
 # *** fallback through the client
 
