@@ -95,25 +95,6 @@ rd(int fd, void *buf, size_t n)
 	return 0;
 }
 
-static int
-wr(int fd, const void *buf, size_t n)
-{
-	const uint8_t *p = buf;
-	ssize_t r;
-
-	while (n > 0) {
-		/* MSG_NOSIGNAL: a helper gone must not kill the session. */
-		if ((r = send(fd, p, n, MSG_NOSIGNAL)) == -1) {
-			if (errno == EINTR)
-				continue;
-			return -1;
-		}
-		p += r;
-		n -= (size_t)r;
-	}
-	return 0;
-}
-
 /* ---- the helper ---- */
 
 static int
@@ -131,7 +112,7 @@ serve_have(int fd, uint64_t n, struct cache_pins *ps)
 		for (i = 0; i < k; i++)
 			held[i] = (uint8_t)cache_pin(ps,
 			    hashes + i * PROTO_HASH_SIZE);
-		if (wr(fd, held, k) == -1)
+		if (net_send_all(fd, held, k) == -1)
 			return -1;
 		n -= k;
 	}
@@ -152,9 +133,9 @@ serve_get(int fd, uint64_t len, struct cache_pins *ps)
 	 * when len equals it: never what the child declares. */
 	r.status = cache_get(ps, hash, len, &data, err);
 	r.textlen = r.status == 0 ? 0 : (uint32_t)strlen(err);
-	rc = wr(fd, &r, sizeof(r)) == -1 ||
-	    wr(fd, err, r.textlen) == -1 ||
-	    (data != NULL && wr(fd, data, (size_t)len) == -1) ? -1 : 0;
+	rc = net_send_all(fd, &r, sizeof(r)) == -1 ||
+	    net_send_all(fd, err, r.textlen) == -1 || (data != NULL &&
+	    net_send_all(fd, data, (size_t)len) == -1) ? -1 : 0;
 	free(data);
 	return rc;
 }
@@ -318,11 +299,11 @@ cache_link_have(struct cache_link *l, const uint8_t *hashes, uint32_t n,
 		return 0;
 	/* In batches, as the helper answers them: neither side's socket
 	 * buffer has to hold all n hashes. */
-	if (wr(l->fd, &q, sizeof(q)) == -1)
+	if (net_send_all(l->fd, &q, sizeof(q)) == -1)
 		goto fail;
 	for (i = 0; i < n; i += BATCH) {
 		uint32_t k = n - i < BATCH ? n - i : BATCH;
-		if (wr(l->fd, hashes + (size_t)i * PROTO_HASH_SIZE,
+		if (net_send_all(l->fd, hashes + (size_t)i * PROTO_HASH_SIZE,
 		    (size_t)k * PROTO_HASH_SIZE) == -1 ||
 		    rd(l->fd, held + i, k) == -1)
 			goto fail;
@@ -357,8 +338,9 @@ cache_link_get(struct cache_link *l, const uint8_t hash[PROTO_HASH_SIZE],
 		    "session any more (the runner's log says why)");
 		return CACHE_BAD;
 	}
-	if (wr(l->fd, &q, sizeof(q)) == -1 || wr(l->fd, hash,
-	    PROTO_HASH_SIZE) == -1 || rd(l->fd, &r, sizeof(r)) == -1)
+	if (net_send_all(l->fd, &q, sizeof(q)) == -1 ||
+	    net_send_all(l->fd, hash, PROTO_HASH_SIZE) == -1 ||
+	    rd(l->fd, &r, sizeof(r)) == -1)
 		goto fail;
 	if (r.status != 0) {
 		if (r.textlen >= PROTO_ERRLEN || rd(l->fd, err, r.textlen) == -1)
@@ -385,7 +367,7 @@ cache_link_put(struct cache_link *l, const void *p, uint64_t len)
 
 	if (l->fd == -1)
 		cache_put(p, len);
-	else if (l->fd >= 0 && (wr(l->fd, &q, sizeof(q)) == -1 ||
-	    wr(l->fd, p, (size_t)len) == -1))
+	else if (l->fd >= 0 && (net_send_all(l->fd, &q, sizeof(q)) == -1 ||
+	    net_send_all(l->fd, p, (size_t)len) == -1))
 		broken(l);
 }
