@@ -489,6 +489,19 @@ struct cache_put {
 	int failed;
 };
 
+/* A store that cannot finish gives its disk space back at once, before it
+ * says so: on a full disk the space is what the next store needs. */
+static void
+put_drop(struct cache_put *pp)
+{
+	if (pp->fd != -1) {
+		close(pp->fd);
+		unlinkat(C.dirfd, pp->tmp, 0);
+		pp->fd = -1;
+	}
+	pp->failed = 1;
+}
+
 struct cache_put *
 cache_put_begin(uint64_t len)
 {
@@ -513,9 +526,11 @@ cache_put_begin(uint64_t len)
 	/* The header is written last, once the hash is known. */
 	if ((pp->fd = openat(C.dirfd, pp->tmp, O_WRONLY | O_CREAT | O_EXCL |
 	    O_CLOEXEC, 0600)) == -1 || write_all(pp->fd, zero, HDR) == -1) {
+		int e = errno;
+
+		put_drop(pp);
 		log_warn("cache: cannot store in %s: %s; going on without "
-		    "caching this", C.dir, strerror(errno));
-		pp->failed = 1;
+		    "caching this", C.dir, strerror(e));
 	}
 	return pp;
 }
@@ -526,10 +541,12 @@ cache_put_data(struct cache_put *pp, const void *p, size_t n)
 	sha256_update(&pp->c, p, n);
 	pp->got += n;
 	if (!pp->failed && write_all(pp->fd, p, n) == -1) {
+		int e = errno;
+
+		put_drop(pp);
 		log_warn("cache: cannot store %" PRIu64 " bytes in %s: %s; "
 		    "going on without caching them", pp->len, C.dir,
-		    strerror(errno));
-		pp->failed = 1;
+		    strerror(e));
 	}
 }
 
@@ -549,16 +566,19 @@ cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
 		memcpy(hdr + 16, hash, PROTO_HASH_SIZE);
 		hexname(hash, name);
 		if (pwrite(pp->fd, hdr, HDR, 0) != HDR ||
-		    renameat(C.dirfd, pp->tmp, C.dirfd, name) == -1)
-			log_warn("cache: cannot store %s in %s: %s", name, C.dir,
-			    strerror(errno));
-		else
+		    renameat(C.dirfd, pp->tmp, C.dirfd, name) == -1) {
+			int e = errno;
+
+			put_drop(pp);
+			log_warn("cache: cannot store %s in %s: %s", name,
+			    C.dir, strerror(e));
+		} else
 			rc = 0;
 	}
-	if (pp->fd != -1)
+	if (rc == -1)
+		put_drop(pp);
+	else
 		close(pp->fd);
-	if (rc == -1 && pp->fd != -1)
-		unlinkat(C.dirfd, pp->tmp, 0);
 	if (rc == 0 && atomic_fetch_add(C.approx, pp->len + HDR) + pp->len +
 	    HDR > C.limit) {
 		pthread_mutex_lock(&cache_lock);
