@@ -42,6 +42,7 @@
 #endif
 
 #include "metal_runner.h"
+#include "monotime.h"
 #include "proto.h"
 
 #if defined(__x86_64__)
@@ -607,10 +608,7 @@ cpu_unload(struct be_session *s, struct be_program *p)
 static uint64_t
 now_ns(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+	return (uint64_t)mono_ns();
 }
 
 static int

@@ -29,22 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "monotime.h"
 #include "session.h"
-
-static int64_t
-now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static int64_t
-now_ms(void)
-{
-	return now_ns() / 1000000;
-}
 
 /* memset that the compiler may not drop (explicit_bzero is not on macOS). */
 static void
@@ -73,7 +59,7 @@ drop_grant(struct session *s, uint32_t i)
 static void
 prune(struct session *s)
 {
-	int64_t now = now_ms();
+	int64_t now = mono_ms();
 	uint32_t i = 0;
 
 	while (i < s->ngrants)
@@ -122,7 +108,7 @@ issue:
 	g->handle = t->handle;
 	g->offset = t->offset;
 	g->count = t->count;
-	g->expires = now_ms() + (int64_t)t->ttl * 1000;
+	g->expires = mono_ms() + (int64_t)t->ttl * 1000;
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RGRANT;
 	r.h.tag = t->h.tag;
@@ -141,7 +127,7 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	const uint8_t *src;
 	union proto_msg r;
 	uint32_t code;
-	int64_t t0 = now_ns();
+	int64_t t0 = mono_ns();
 	int fd;
 
 	if (t->hostlen == 0 || t->hostlen > PROTO_MAX_PEER_HOST ||
@@ -198,11 +184,11 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	}
 	log_info("session %u: sent %llu bytes to the runner at %s:%u in %lld "
 	    "us", s->id, (unsigned long long)t->count, host, t->port,
-	    (long long)(now_ns() - t0) / 1000);
+	    (long long)(mono_ns() - t0) / 1000);
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RPEERSEND;
 	r.h.tag = t->h.tag;
-	r.rtime.ns = (uint64_t)(now_ns() - t0);
+	r.rtime.ns = (uint64_t)(mono_ns() - t0);
 	return sess_reply(s, &r, NULL, 0);
 }
 
@@ -246,7 +232,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	struct buffer *b;
 	union proto_msg m;
 	uint8_t mac[PROTO_MAC_SIZE];
-	int64_t t0 = now_ms();
+	int64_t t0 = mono_ms();
 	uint32_t i;
 
 	if (len != proto_fixed_size(PROTO_TPEER) ||
@@ -260,7 +246,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	if (i == s->ngrants)
 		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "no such grant in "
 		    "this session: never issued, already used or expired");
-	if (s->grants[i].expires <= now_ms()) {
+	if (s->grants[i].expires <= mono_ms()) {
 		drop_grant(s, i);
 		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant "
 		    "expired");
@@ -319,7 +305,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	close(fd);
 	log_info("session %u: received %llu bytes from a peer into buffer %u "
 	    "in %lld ms", s->id, (unsigned long long)p->count, g.handle,
-	    (long long)(now_ms() - t0));
+	    (long long)(mono_ms() - t0));
 out:
 	wipe(&g, sizeof(g));
 }

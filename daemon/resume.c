@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "monotime.h"
 #include "resume.h"
 #include "session.h"
 #include "slots.h"
@@ -87,15 +88,6 @@ struct handover {
  * and clear its slot, before the accept loop closes its copy). */
 static int *pctl, *sctl;
 static uint32_t npctl;
-
-static int64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int
 send_fd(int ctl, const struct handover *h, int fd)
@@ -571,9 +563,9 @@ resume_wait(struct session *s)
 	log_info("session %u: link lost after %llu requests; waiting up to %d "
 	    "s for the client to resume", s->id, (unsigned long long)s->nproc,
 	    grace);
-	deadline = now_ms() + (int64_t)grace * 1000;
+	deadline = mono_ms() + (int64_t)grace * 1000;
 	slot_wait(s->slot);
-	while ((left = deadline - now_ms()) > 0) {
+	while ((left = deadline - mono_ms()) > 0) {
 		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
 		if ((n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left)) ==
 		    -1 && errno == EINTR)

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cache.h"
+#include "monotime.h"
 #include "session.h"
 
 #define IN_MIN 65536		/* input buffer kept between frames */
@@ -199,15 +200,6 @@ wait_readable(int fd, int64_t ms)
 		n = poll(&pfd, 1, ms > INT_MAX ? INT_MAX : (int)ms);
 	while (n == -1 && errno == EINTR);
 	return n != 0;
-}
-
-static int64_t
-mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Until the handshake is done every wait ends at its deadline, however

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "metal_runner.h"
+#include "monotime.h"
 #include "proto.h"
 #include "slots.h"
 
@@ -38,15 +39,6 @@ struct shared {
 
 static struct shared *shared;
 static size_t shared_len;
-
-static int64_t
-now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Every connection has a slot from accept to close, so the table holds
  * the sessions and the handshakes; which of them a slot is, is its stage. */
@@ -154,7 +146,7 @@ slot_starting(void)
 static int
 log_turn(void)
 {
-	int64_t now = now_ms(), next = atomic_load(&shared->log_next);
+	int64_t now = mono_ms(), next = atomic_load(&shared->log_next);
 
 	return now >= next && atomic_compare_exchange_strong(&shared->log_next,
 	    &next, now + 1000);
@@ -234,7 +226,7 @@ mr_mem_release(int slot, uint64_t n)
 void
 mr_auth_penalty(void)
 {
-	int64_t now = now_ms(), cur, start, wait;
+	int64_t now = mono_ms(), cur, start, wait;
 
 	cur = atomic_load(&shared->auth_next);
 	do	/* take the next free second: start..start+1000 */
