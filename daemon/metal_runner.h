@@ -63,8 +63,13 @@ const struct backend *mr_find_backend(const char *name);
  * for the whole process (examples/embed/appliance.c shows a program that
  * takes the signals itself). It may be called again once it has returned. */
 int mr_serve(const struct mr_config *cfg);
-/* Stop mr_serve() within half a second; from any thread or a signal
- * handler. A stop that comes before mr_serve() ends it as it starts. */
+/* Stop mr_serve(); from any thread or a signal handler. A stop that comes
+ * before mr_serve() ends it as it starts. Sessions end at once, but
+ * mr_serve() returns only when the last one has: a session process still
+ * running a kernel 5 s later is killed, a session thread (which cannot be
+ * interrupted) is waited for until its kernel returns. While it waits, a
+ * second SIGINT or SIGTERM to the handlers mr_serve() installed ends the
+ * program. */
 void mr_stop(void);
 
 /* slots.c: the session table. */

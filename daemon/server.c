@@ -63,6 +63,9 @@ struct thread_arg {
 /* Set by mr_stop(), from any thread, and by SIGINT and SIGTERM; lock-free,
  * so the signal handler may set it too. */
 static atomic_int stopping;
+/* Set while stop_sessions() waits for session threads that cannot be
+ * interrupted. */
+static atomic_int stop_waiting;
 /* Set by SIGHUP when the program asked for it (cfg->on_hup). */
 static atomic_int hup;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -125,7 +128,12 @@ on_hup_signal(int sig)
 static void
 on_stop_signal(int sig)
 {
-	(void)sig;
+	/* A second one while stop_sessions() waits for session threads ends
+	 * the program at once, as a user who presses ^C twice expects. */
+	if (stop_waiting) {
+		signal(sig, SIG_DFL);
+		raise(sig);
+	}
 	stopping = 1;
 }
 
@@ -272,22 +280,30 @@ stop_sessions(enum be_isolation iso)
 		return;
 	}
 	/* Threads: wake each session out of recv (or out of its wait for a
-	 * resume); it cleans up and exits. */
+	 * resume); it cleans up and exits. A thread running a kernel cannot
+	 * be interrupted: it ends when the kernel does, and until then it
+	 * uses the backend and the server's context, which serve() must not
+	 * free under it. So this waits for every thread, saying why. */
 	pthread_mutex_lock(&slots_lock);
 	resume_stop();
 	for (i = 0; i < slot_count(); i++)
 		if (slot_get(i)->busy && slot_get(i)->fd != -1)
 			shutdown(slot_get(i)->fd, SHUT_RDWR);
+	deadline = time(NULL) + 1;
+	stop_waiting = 1;
 	while (nactive > 0) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_sec += 1;
 		pthread_cond_timedwait(&slots_idle, &slots_lock, &ts);
-		if (time(NULL) >= deadline) {
-			log_warn("%d sessions still busy at shutdown", nactive);
-			break;
+		if (nactive > 0 && time(NULL) >= deadline) {
+			log_warn("waiting for %d session threads still running a "
+			    "kernel (a thread cannot be interrupted; a second "
+			    "SIGINT or SIGTERM ends the runner now)", nactive);
+			deadline = time(NULL) + 10;
 		}
 	}
+	stop_waiting = 0;
 	pthread_mutex_unlock(&slots_lock);
 }
 
@@ -501,14 +517,12 @@ serve(const struct mr_config *cfg)
 	log_info("stopping: %d sessions open", nactive);
 	close(lfd);
 	lfd = -1;
-	stop_sessions(iso);
-	if (nactive == 0)
-		resume_close();
+	stop_sessions(iso);	/* returns with no session left */
+	resume_close();
 	rc = 0;
 out:
 	peer_broker_stop();
-	if (nactive == 0)
-		peer_routes_free();
+	peer_routes_free();
 	if (lfd != -1)
 		close(lfd);
 	free(pfds);
@@ -516,8 +530,7 @@ out:
 	pfds = NULL;
 	pslots = NULL;
 	ctx.be->close();
-	if (nactive == 0)
-		slot_unmap();
+	slot_unmap();
 	return rc;
 }
 

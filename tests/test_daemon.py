@@ -4,10 +4,10 @@ working one, memory that follows the bytes that arrived, the log of a closing se
 Every protocol.md statement (each request's errors, framing, pipelining, handles, limits, isolation) is a case of the
 conformance suite, tests/conformance, which runs against these runners and against any other by address.
 """
-import socket, threading, time
+import os, signal, socket, struct, sys, threading, time
 import pytest
 from client import protocol as P
-from runner_proc import runner
+from runner_proc import RunnerProc, runner
 from wire import Raw, compile_kernel, f32, still_serving, ADD1
 
 pytestmark = pytest.mark.cpu_only
@@ -89,3 +89,46 @@ def test_clean_shutdown_on_signal(sig):
   log = r.log_text()
   assert "stopping: 1 sessions open" in log and "warning" not in log
   r.stop()
+
+# A kernel that sleeps out[0] seconds in nanosleep(2): a session thread busy in a kernel for a known time (x86-64 Linux calls).
+SLEEP = """void nap(long* restrict out) {
+  long ts[2] = { out[0], 0 }; long r;
+  __asm__ volatile("syscall" : "=a"(r) : "a"(35L), "D"(ts), "S"(0L) : "rcx", "r11", "memory");
+}"""
+x86_linux = pytest.mark.skipif(not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+                               reason="the kernel makes an x86-64 Linux system call")
+
+def napping_thread_runner(seconds:int) -> tuple[RunnerProc, Raw]:
+  """A thread-isolation runner whose one session is inside a kernel that sleeps for seconds."""
+  _, img, entry = compile_kernel(SLEEP, "nap")
+  r = RunnerProc("-v", "--isolation", "thread")
+  c = Raw(r.addr)
+  c.alloc(1, 16); c.write(1, 0, struct.pack("<q", seconds))
+  c.load(1, img, "nap", entry=entry)
+  c.launch(1, [(1, 0)], wait=True)
+  time.sleep(0.5)               # the session thread is in the kernel
+  return r, c
+
+@x86_linux
+def test_stop_waits_for_a_session_thread_in_a_kernel():
+  # a thread cannot be interrupted, and uses the backend until its kernel returns: mr_serve() must not free it under it
+  r, c = napping_thread_runner(7)
+  try:
+    t0 = time.monotonic()
+    r.proc.send_signal(signal.SIGTERM)
+    assert r.proc.wait(20) == 0
+    assert time.monotonic() - t0 > 6, "the runner returned while a session thread still ran its kernel"
+    assert c.closed()
+    log = r.log_text(0)
+    assert "waiting for 1 session threads still running a kernel" in log and "stopping: 1 sessions open" in log
+  finally: r.stop()
+
+@x86_linux
+def test_a_second_stop_signal_ends_a_runner_waiting_for_a_kernel():
+  r, c = napping_thread_runner(60)
+  try:
+    r.proc.send_signal(signal.SIGINT)
+    r.wait_log("waiting for 1 session threads still running a kernel")
+    r.proc.send_signal(signal.SIGINT)
+    assert r.proc.wait(5) == -signal.SIGINT
+  finally: r.stop()
