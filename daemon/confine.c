@@ -108,6 +108,9 @@ confine_init(const struct mr_config *cfg)
 	} else if (iso == BE_ISOLATE_PROCESS && geteuid() == 0)
 		say("sessions run as root: start the runner with --user NAME "
 		    "to run them as an unprivileged user");
+	if (iso != BE_ISOLATE_PROCESS && cfg->kernel_timeout > 0)
+		say("--kernel-timeout has no effect with thread isolation (the "
+		    "%s backend): a session thread cannot be stopped", be->name);
 	if (iso != BE_ISOLATE_PROCESS)
 		say("sessions are not confined: with thread isolation (the %s "
 		    "backend) every session runs in the runner's own process",

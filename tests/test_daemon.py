@@ -132,3 +132,9 @@ def test_a_second_stop_signal_ends_a_runner_waiting_for_a_kernel():
     r.proc.send_signal(signal.SIGINT)
     assert r.proc.wait(5) == -signal.SIGINT
   finally: r.stop()
+
+def test_kernel_timeout_with_thread_isolation_says_it_has_no_effect():
+  with runner("--isolation", "thread", "--kernel-timeout", "3") as r:
+    r.wait_log("--kernel-timeout has no effect with thread isolation (the cpu backend): a session thread cannot be stopped")
+  with runner("--kernel-timeout", "3") as r:
+    assert "--kernel-timeout" not in r.log_text()
