@@ -21,6 +21,11 @@ def until(cond, timeout=5.0):
   while not cond() and time.monotonic() < deadline: time.sleep(0.02)
   return cond()
 
+def stored(tmp_path, data:bytes) -> bool:
+  """Wait until each 1 MiB chunk of data is a file in the cache: a later session finds only what is stored whole."""
+  names = {hashlib.sha256(data[i:i + MB]).hexdigest() for i in range(0, len(data), MB)}
+  return until(lambda: names <= {f.name for f in files(tmp_path / "cache")})
+
 def roundtrip(addr:str, data:bytes, **kw) -> tuple[bytes, dict]:
   with Runner(addr, **kw) as rn:
     rn.alloc(h := rn.new_handle(), len(data))
@@ -35,6 +40,7 @@ def test_second_session_sends_under_1mib(tmp_path, iso):
   r = cache_runner(tmp_path, "--isolation", iso)
   try:
     out1, s1 = roundtrip(r.addr, data)
+    assert stored(tmp_path, data)
     out2, s2 = roundtrip(r.addr, data)
     assert out1 == data and out2 == data
     assert s1["bytes_sent"] > 64 * MB and s2["bytes_sent"] < MB, (s1, s2)
@@ -52,6 +58,7 @@ def test_known_content_costs_no_round_trip(tmp_path):
   r = cache_runner(tmp_path)
   try:
     roundtrip(r.addr, data)
+    assert stored(tmp_path, data)
     with Runner(r.addr) as rn:
       rn.alloc(h := rn.new_handle(), 2 * len(data))
       rn.write(h, 0, data)
@@ -98,6 +105,7 @@ def test_hash_is_the_runners_not_the_clients(tmp_path):
   x, y = os.urandom(MB), os.urandom(MB)
   try:
     roundtrip(r.addr, x)
+    assert stored(tmp_path, x)
     with Runner(r.addr) as rn:
       assert rn.have([hashlib.sha256(x).digest(), hashlib.sha256(y).digest()]) == [True, False]
       rn.alloc(h := rn.new_handle(), MB)
@@ -208,6 +216,7 @@ def test_pinned_content_survives_eviction(tmp_path):
   try:
     a = os.urandom(MB)
     roundtrip(r.addr, a)
+    assert stored(tmp_path, a)
     with Runner(r.addr) as rn:
       assert rn.have([hashlib.sha256(a).digest()]) == [True]
       for _ in range(3): roundtrip(r.addr, os.urandom(MB))   # evicts a's file
@@ -278,6 +287,7 @@ def test_hashwrite_is_profiled_as_a_write(tmp_path):
   try:
     data = os.urandom(2 * MB)
     roundtrip(r.addr, data)
+    assert stored(tmp_path, data)
     with Runner(r.addr) as rn:
       rn.profile(P.PROFILE_ON)
       rn.alloc(h := rn.new_handle(), len(data))
@@ -302,7 +312,7 @@ def test_disk_full_keeps_serving(tmp_path):
         out, st = roundtrip(r.addr, data)
         assert out == data
       assert until(lambda: "No space left on device; going on without caching" in r.log_text(0))
-      assert not [p for p in d.iterdir() if p.name.startswith(".tmp")]   # a failed store leaves nothing behind
+      assert until(lambda: not [p for p in d.iterdir() if p.name.startswith(".tmp")])   # a failed store leaves nothing behind
       for f in files(d): assert hashlib.sha256(f.read_bytes()[48:]).hexdigest() == f.name   # what was stored is whole
       assert 0 < len(files(d)) < 8
       out, st = roundtrip(r.addr, datas[0])   # what was not stored is sent again; what was, goes by hash

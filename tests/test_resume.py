@@ -193,9 +193,10 @@ def test_grace_period_expiry_frees_the_session(rp):
   m = Raw(rp.addr)
   m.alloc(2, 65536)
   assert [e[0] for e in m.until_pong()] == [P.ELIMIT]   # the waiting session still holds its memory
-  time.sleep(2.5)                                       # --resume-grace 2
-  m.alloc(2, 65536)
-  assert m.until_pong() == []                            # freed
+  deadline = time.monotonic() + 10                       # --resume-grace 2, from when the session saw the close
+  while [e[0] for e in (m.alloc(2, 65536), m.until_pong())[1]] == [P.ELIMIT]:
+    assert time.monotonic() < deadline, "the session's memory was not freed after its grace period"
+    time.sleep(0.1)
   n, _, _ = tresume(rp.addr, c.info["session"], k["secret"], sent, received)
   code, _, text = n.error()
   assert code == P.ERESUME and "grace" in text
@@ -340,6 +341,10 @@ def test_uploads_through_the_cache_survive_cuts(tmp_path):
         out = np.empty_like(data)
         c.read(1, 0, out)
         assert (out == data).all() and c.stats()["resumes"] == 1 and lc.pending() == 0
+      deadline = time.monotonic() + 10   # the cache stores after the write, while the session goes on: wait for all 8 chunks
+      while len([f for f in (tmp_path / "cache").iterdir() if not f.name.startswith(".")]) < 8:
+        assert time.monotonic() < deadline, "the first session's 8 chunks were never all stored"
+        time.sleep(0.05)
     assert c.stats()["bytes_sent"] < 1 << 20, c.stats()   # the second session named its 8 chunks instead of sending them
   finally: r.stop()
 

@@ -29,7 +29,7 @@ def test_stats_count_requests_round_trips_and_bytes(daemon_bin):
       c.sync()
       s3 = c.stats()
       assert s3["round_trips"] == 4 and s3["requests"] == 7
-    log = r.log_text(0.3)
+    log = r.wait_log(" requests, ", " answered, ")
   finally: r.stop()
   m = re.search(r"session \d+: (\d+) requests, (\d+) answered, (\d+) bytes in, (\d+) bytes out", log)
   assert m, log
