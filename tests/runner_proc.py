@@ -59,3 +59,17 @@ def runner(*args:str, binary:pathlib.Path|None=None):
   r = RunnerProc(*args, binary=binary)
   try: yield r
   finally: r.stop()
+
+def children(r:RunnerProc) -> list[int]:
+  """The runner's child processes, from /proc (Linux)."""
+  pid = r.proc.pid
+  return [int(p) for p in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+def comm(pid:int) -> str: return pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
+
+def session_pids(r:RunnerProc) -> list[int]:
+  """The runner's session processes: its children but the peer broker (protocol.md, Copies between runners). The broker
+  names itself once forked, which may be just after the runner said it is listening: wait for the name."""
+  deadline = time.monotonic() + 5
+  while "mr_peer_broker" not in map(comm, children(r)) and time.monotonic() < deadline: time.sleep(0.02)
+  return [p for p in children(r) if comm(p) != "mr_peer_broker"]

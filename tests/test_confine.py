@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from client import protocol as P
 from conftest import run_python
-from runner_proc import runner
+from runner_proc import children, runner, session_pids
 from wire import Raw, compile_kernel, still_serving, CORES, SPIN
 
 pytestmark = [pytest.mark.cpu_only,
@@ -145,16 +145,6 @@ def test_an_authenticated_session_is_confined_from_its_handshake(tmp_path, secre
     with Runner(r.addr, token=b"s3cret") as conn: assert conn.info.backend == "cpu"
     assert "system call" not in r.log_text()
 
-def children(r) -> list[int]:
-  pid = r.proc.pid
-  return [int(p) for p in pathlib.Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-def comm(pid:int) -> str: return pathlib.Path(f"/proc/{pid}/comm").read_text().strip()
-
-def session_pids(r) -> list[int]:
-  """The runner's session processes: its children but the peer broker (protocol.md, Copies between runners)."""
-  return [p for p in children(r) if comm(p) != "mr_peer_broker"]
-
 def status(pid:int) -> dict[str, str]:
   return dict(line.split(":\t", 1) for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
 
@@ -181,7 +171,7 @@ def test_user_switches_session_processes_to_that_user():
     assert st["Uid"].split() == [uid] * 4 and st["Gid"].split() == [gid] * 4 and st["Groups"].split() == [gid], st
     assert st["Seccomp"].strip() == "2"
     assert status(r.proc.pid)["Uid"].split()[0] == "0", "the runner itself keeps its user"
-    (broker,) = [p for p in children(r) if comm(p) == "mr_peer_broker"]   # it makes connections: that user, not confined
+    (broker,) = set(children(r)) - set(session_pids(r))   # it makes connections: that user, not confined
     assert status(broker)["Uid"].split() == [uid] * 4 and status(broker)["Seccomp"].strip() == "0"
     c.alloc(1, 8); c.write(1, 0, b"as nobod"); assert c.read(1, 0, 8) == b"as nobod"
     still_serving(r)

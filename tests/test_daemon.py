@@ -7,7 +7,7 @@ conformance suite, tests/conformance, which runs against these runners and again
 import os, signal, socket, struct, sys, threading, time
 import pytest
 from client import protocol as P
-from runner_proc import RunnerProc, runner
+from runner_proc import RunnerProc, runner, session_pids
 from wire import Raw, compile_kernel, f32, still_serving, ADD1
 
 pytestmark = pytest.mark.cpu_only
@@ -65,8 +65,7 @@ def test_memory_follows_bytes_that_arrived_not_the_declared_size():
   with runner("--isolation", "process") as r:
     c = Raw(r.addr)
     c.ping()
-    with open(f"/proc/{r.proc.pid}/task/{r.proc.pid}/children") as f:   # the session process, not the peer broker
-      child = next(k for k in map(int, f.read().split()) if open(f"/proc/{k}/comm").read().strip() != "mr_peer_broker")
+    (child,) = session_pids(r)                 # the session process, not the peer broker
     before = vm_size_kb(child)
     c.send(P.pack(P.TPING, 1, payload_len=60 << 20, count=60 << 20))
     for _ in range(200):
