@@ -320,10 +320,8 @@ int
 sess_peer_wait(struct session *s)
 {
 	int idle = s->ctx->cfg->idle_timeout, ms = -1;
-	uint8_t frame[256];
 	struct pollfd p[3];
-	ssize_t n;
-	int fd;
+	int n;
 
 	if (s->ngrants > 0) {
 		prune(s);
@@ -348,6 +346,17 @@ sess_peer_wait(struct session *s)
 		return n == 0 || errno == EINTR ? 0 : 1;
 	if (p[0].revents != 0 || p[2].revents != 0)
 		return 1;
+	sess_peer_take(s);
+	return 0;
+}
+
+void
+sess_peer_take(struct session *s)
+{
+	uint8_t frame[256];
+	ssize_t n;
+	int fd;
+
 	n = net_recv_fd(s->inbox, frame, sizeof(frame), &fd);
 	if (n == 0) {		/* no one can hand us peers any more */
 		close(s->inbox);
@@ -356,7 +365,6 @@ sess_peer_wait(struct session *s)
 		peer_accept(s, fd, frame, (size_t)n);
 	else if (fd != -1)
 		close(fd);
-	return 0;
 }
 
 int

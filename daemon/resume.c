@@ -566,12 +566,19 @@ resume_wait(struct session *s)
 	deadline = mono_ms() + (int64_t)grace * 1000;
 	slot_wait(s->slot);
 	while ((left = deadline - mono_ms()) > 0) {
-		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
-		if ((n = poll(&p, 1, left > INT_MAX ? INT_MAX : (int)left)) ==
-		    -1 && errno == EINTR)
+		/* A copy between runners into this session is taken meanwhile:
+		 * its source waits for it, not for this session's client. */
+		struct pollfd p[2] = { { ctl_fd(s), POLLIN, 0 },
+		    { s->inbox, POLLIN, 0 } };
+		if ((n = poll(p, s->inbox != -1 ? 2 : 1, left > INT_MAX ?
+		    INT_MAX : (int)left)) == -1 && errno == EINTR)
 			continue;
 		if (n == 0)
 			break;
+		if (s->inbox != -1 && p[1].revents != 0)
+			sess_peer_take(s);
+		if (p[0].revents == 0)
+			continue;
 		if ((n = take_handover(s)) == 1) {
 			slot_resumed(s->slot);
 			return 0;

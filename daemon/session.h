@@ -212,6 +212,8 @@ int sess_peer_route(struct session *s, const union proto_msg *m,
  * 0 when it served the inbox (or waited a while) and should be asked
  * again. */
 int sess_peer_wait(struct session *s);
+/* Take one peer connection waiting in the inbox (s->inbox readable). */
+void sess_peer_take(struct session *s);
 void sess_peer_free(struct session *s);
 
 /* peer_net.c: the connection from a source runner to a destination */

@@ -148,3 +148,19 @@ def test_no_cap_resume_no_tresumekey(target):
   assert not c.info["caps"] & P.CAP_RESUME
   tag = c.req(P.TRESUMEKEY, mode=P.RESUME_ON)
   fatal(c, P.EPROTO, tag)
+
+@section("Resuming a session", "Copies between runners")
+def test_a_session_waiting_for_its_client_takes_a_copy_between_runners(target):
+  from conformance.test_peer import grant, peersend
+  d, k, sent, received = start(target)
+  if not d.info["caps"] & P.CAP_PEER: pytest.skip("the runner does not offer CAP_PEER")
+  g, sec = grant(d, 1, 4, 8)                       # a request, and a 56-byte reply: counted
+  d.close()
+  time.sleep(0.3)                                  # the destination session now waits for a resume
+  c = target.connect()
+  c.alloc(9, 8); c.write(9, 0, b"peerdata")
+  _, t, f, p = peersend(c, 9, 0, 8, target.addr, g, sec)
+  assert t == P.RPEERSEND, (t, f, p[:300])         # the bytes landed while the destination's client was away
+  n, _ = tresume(target, d.info["session"], k["secret"], sent + 1, received + 56)
+  assert n.frame()[1]["processed"] == sent + 1
+  assert n.read(1, 0, 16) == b"\5" * 4 + b"peerdata" + b"\5" * 4
