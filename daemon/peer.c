@@ -314,7 +314,7 @@ out:
  * Wait for the client's next request or a peer, whichever comes first:
  * 1 the client's socket is readable, 0 a peer was served (or a grant may
  * have expired: ask again), -1 the client has been idle past the runner's
- * idle timeout.
+ * idle timeout, -2 the runner is stopping.
  */
 int
 sess_peer_wait(struct session *s)
@@ -344,9 +344,13 @@ sess_peer_wait(struct session *s)
 	p[0].revents = p[1].revents = p[2].revents = 0;
 	if ((n = poll(p, p[2].fd != -1 ? 3 : 2, ms)) <= 0)
 		return n == 0 || errno == EINTR ? 0 : 1;
-	if (p[0].revents != 0 || p[2].revents != 0)
+	if (p[0].revents != 0 || (p[2].revents != 0 && s->rs != NULL))
 		return 1;
-	sess_peer_take(s);
+	/* A session without a key answers a resume naming it here. */
+	if (p[2].revents != 0 && resume_take(s) == -1)
+		return -2;
+	if (p[1].revents != 0)
+		sess_peer_take(s);
 	return 0;
 }
 

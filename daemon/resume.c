@@ -301,7 +301,7 @@ ctl_fd(const struct session *s)
 int
 resume_pollfd(const struct session *s)
 {
-	return s->rs != NULL ? ctl_fd(s) : -1;
+	return ctl_fd(s);
 }
 
 int
@@ -400,14 +400,11 @@ lose(struct session *s, const struct handover *h, int fd, const char *text)
 	return -1;
 }
 
-/*
- * Take one handover from the control socket and answer it. 1: the session
- * now serves the new connection (and has sent it Rresume and the replies
- * it missed); 0: refused, nothing changed; -1: the session is lost, or the
- * runner is stopping.
- */
-static int
-take_handover(struct session *s)
+/* A session without a key refuses every resume (EAUTH, as for a wrong
+ * proof): the client gets its answer rather than waiting on a socket the
+ * session never reads. */
+int
+resume_take(struct session *s)
 {
 	struct resume *rs = s->rs;
 	struct handover h;
@@ -423,6 +420,13 @@ take_handover(struct session *s)
 		/* Nothing to read and the other end gone: stopping. */
 		return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))
 		    ? -1 : 0;
+	}
+	if (rs == NULL) {	/* no key to prove: never taken, or withdrawn */
+		log_warn("session %u: resume from %s refused: the session has "
+		    "no resume key", s->id, h.peer);
+		refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong proof "
+		    "of the session's resume key");
+		return 0;
 	}
 	client_mac(rs, &h, want);
 	for (i = 0; i < sizeof(want); i++)	/* constant time */
@@ -521,7 +525,7 @@ resume_recv(struct session *s, void *buf, size_t len)
 		if (p[1].revents != 0) {
 			/* A resume while this link stands: the client gave
 			 * it up (a half-open link after a network change). */
-			n = take_handover(s);
+			n = resume_take(s);
 			if (n == 1)
 				s->rs->switched = 1;
 			if (n != 0) {
@@ -579,7 +583,7 @@ resume_wait(struct session *s)
 			sess_peer_take(s);
 		if (p[0].revents == 0)
 			continue;
-		if ((n = take_handover(s)) == 1) {
+		if ((n = resume_take(s)) == 1) {
 			slot_resumed(s->slot);
 			return 0;
 		}

@@ -247,11 +247,14 @@ need(struct session *s, size_t n, int boundary)
 		}
 		if (sess_flush(s) == -1 || handshake_wait(s) == -1)
 			return -1;
-		/* Between requests a peer may come through the inbox. */
+		/* Between requests a peer may come through the inbox, and a
+		 * resume naming this session through its control socket. */
 		if (boundary && s->inlen == s->inoff && s->state == S_READY &&
-		    s->inbox != -1 && (r = sess_peer_wait(s)) != 1) {
+		    (r = sess_peer_wait(s)) != 1) {
 			if (r == 0)
 				continue;
+			if (r == -2)
+				return -1;
 			log_warn("session %u: client stalled between frames "
 			    "for %d s; ending the session", s->id,
 			    cfg->idle_timeout);

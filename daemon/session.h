@@ -184,8 +184,14 @@ int sess_profile(struct session *s, const struct proto_tprofile *t);
 
 /* resume.c */
 int resume_offered(const struct session *s);	/* CAP_RESUME */
-/* The socket a resume of this session arrives on, -1: none (yet). */
+/* The socket a resume naming this session arrives on, whether or not it
+ * took a key; -1: none (yet). */
 int resume_pollfd(const struct session *s);
+/* Take one resume from it and answer it. 1: the session now serves the new
+ * connection (and has sent it Rresume and the replies it missed); 0:
+ * refused, nothing changed; -1: the session is lost, or the runner is
+ * stopping. */
+int resume_take(struct session *s);
 int resume_key(struct session *s, const struct proto_tresumekey *t);
 int resume_request(struct session *s, const struct proto_tresume *t);
 /* Send a then b (the output buffer, a large Rread's data), logging them
@@ -209,8 +215,8 @@ int sess_peersend(struct session *s, const struct proto_tpeersend *t,
 int sess_peer_route(struct session *s, const union proto_msg *m,
     const uint8_t *frame);
 /* Between frames, with nothing buffered: 1 to read the client's socket,
- * 0 when it served the inbox (or waited a while) and should be asked
- * again. */
+ * 0 when it served the inbox or refused a resume (or waited a while) and
+ * should be asked again, -1 idle past --idle-timeout, -2 stopping. */
 int sess_peer_wait(struct session *s);
 /* Take one peer connection waiting in the inbox (s->inbox readable). */
 void sess_peer_take(struct session *s);

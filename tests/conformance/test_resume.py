@@ -164,3 +164,17 @@ def test_a_session_waiting_for_its_client_takes_a_copy_between_runners(target):
   n, _ = tresume(target, d.info["session"], k["secret"], sent + 1, received + 56)
   assert n.frame()[1]["processed"] == sent + 1
   assert n.read(1, 0, 16) == b"\5" * 4 + b"peerdata" + b"\5" * 4
+
+@section("Resuming a session", "Error codes")
+@pytest.mark.parametrize("how", ["never took a key", "withdrew its key"])
+def test_a_session_without_a_key_is_not_resumed(target, how):
+  resumable(target)
+  c = target.connect()
+  if how == "withdrew its key":
+    k = key(c)
+    key(c, P.RESUME_OFF)
+    secret = k["secret"]
+  else: secret = os.urandom(32)
+  n, _ = tresume(target, c.info["session"], secret, 1, 56)
+  fatal(n, P.EAUTH, 77)
+  ok(c)                                            # the session it names is not affected
