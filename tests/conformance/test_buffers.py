@@ -145,3 +145,53 @@ def test_tcopy_with_either_buffer_missing_is_ehandle(c):
   t1 = c.req(P.TCOPY, dst=1, src=99, count=4)
   t2 = c.req(P.TCOPY, dst=99, src=1, count=4)
   assert [e[:2] for e in c.until_pong()] == [(P.EHANDLE, t1), (P.EHANDLE, t2)]
+
+@section("Twrite", "Tread, Rread", "Tcopy")
+def test_ranges_ending_at_the_buffer_end_are_allowed(c):
+  """offset <= size and count <= size - offset: a range that ends at the end, and count 0 at offset == size, are in range."""
+  c.alloc(1, 16); c.alloc(2, 16)
+  c.write(1, 16, b""); c.write(1, 10, b"abcdef")
+  c.req(P.TCOPY, dst=2, src=1, dstoff=16, srcoff=0, count=0); c.req(P.TCOPY, dst=2, src=1, dstoff=16, srcoff=16, count=0)
+  c.req(P.TCOPY, dst=2, src=1, dstoff=0, srcoff=10, count=6); c.req(P.TCOPY, dst=2, src=1, dstoff=10, srcoff=10, count=6)
+  ok(c)
+  assert c.read(1, 16, 0) == b"" and c.read(1, 10, 6) == b"abcdef"
+  assert c.read(2, 0, 6) == b"abcdef" and c.read(2, 10, 6) == b"abcdef"
+
+@section("Talloc")
+def test_talloc_up_to_exactly_the_limits_is_allowed(target):
+  """ELIMIT only when a buffer is larger than maxbuf or the session's buffers *would exceed* memory: both exactly is fine."""
+  c = target.with_options("--session-mem", "1M").connect()
+  mem, maxbuf = c.info["memory"], c.info["maxbuf"]
+  assert mem == 1 << 20 and maxbuf <= mem
+  c.alloc(1, maxbuf); ok(c)
+  c.req(P.TFREE, handle=1)
+  c.alloc(1, mem // 2); c.alloc(2, mem - mem // 2); ok(c)   # the session now holds exactly memory bytes
+  tag = c.alloc(3, 1)
+  one_error(c, P.ELIMIT, tag)
+
+@section("Talloc")
+def test_a_fresh_buffer_is_zero_on_the_cpu_backend_even_where_a_freed_one_was(target, c):
+  if target.backend != "cpu": pytest.skip("a fresh buffer's contents are unspecified on Metal")
+  for size in (64, 1 << 20):
+    c.alloc(1, size); c.write(1, 0, b"\xa5" * size)
+    c.req(P.TFREE, handle=1)
+    c.alloc(2, size)
+    assert c.read(2, 0, size) == bytes(size)
+    c.req(P.TFREE, handle=2)
+  ok(c)
+
+@section("Twrite", "Tcopy")
+@pytest.mark.cpu_only
+def test_twrite_and_tcopy_wait_for_the_earlier_work_on_their_buffers(target, c):
+  """A Twrite lands after earlier launches that use its buffer, and a Tcopy copies what the launches before it left."""
+  k = kernel(target, "add1")
+  c.alloc(1, 4); c.alloc(2, 4); c.write(1, 0, f32(0))
+  k.load(c, 1)
+  for _ in range(200): c.launch(1, [(1, 0), (1, 0)], [1])
+  c.req(P.TCOPY, dst=2, src=1, count=4)          # buffer 2 = 200
+  c.write(1, 0, f32(1000))                       # replaces 200, not overtaken by a launch
+  c.req(P.TCOPY, dst=2, src=2, dstoff=0, srcoff=0, count=4)
+  c.launch(1, [(2, 0), (2, 0)], [1])             # buffer 2 = 201: runs after the copy
+  assert (c.read(1, 0, 4), c.read(2, 0, 4)) == (f32(1000), f32(201))
+  c.write(2, 0, f32(7)); c.req(P.TCOPY, dst=1, src=2, count=4); c.write(2, 0, f32(8))
+  assert (c.read(1, 0, 4), c.read(2, 0, 4)) == (f32(7), f32(8))  # the copy took the data written before it, not after

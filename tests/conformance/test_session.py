@@ -23,6 +23,45 @@ def test_replies_are_little_endian_with_exact_sizes(c):
   raw = c.recv_exact(19)
   assert struct.unpack_from("<IHHII", raw) == (19, P.RPING, 0, tag, 3) and raw[16:] == b"xyz"
 
+@section("Encoding")
+@pytest.mark.cpu_only
+def test_a_launch_value_is_signed(target, c):
+  """add1's n = -1 as a signed value runs no iteration; read as 2**64 - 1 it would run past the buffer."""
+  k = kernel(target, "add1")
+  c.alloc(1, 8); c.write(1, 0, f32(5, 6))
+  k.load(c, 1)
+  c.launch(1, [(1, 0), (1, 0)], [-1]); c.launch(1, [(1, 0), (1, 0)], [-(1 << 63)]); c.launch(1, [(1, 4), (1, 4)], [1])
+  assert c.read(1, 0, 8) == f32(5, 7)
+  ok(c)
+
+@section("Encoding", "Messages")
+def test_replies_have_their_table_size_and_send_reserved_flags_and_pad_as_zero(target):
+  """Each reply is its fixed size plus its counts, exactly; a request's flags are not echoed (reserved bits are sent as zero
+  whatever the request carried) and a reply's pad fields are zero."""
+  c = Raw(target.addr, hello=False)
+  c.send(P.pack(P.THELLO, 5, flags=0xfffc, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG))
+  raw = c.recv_exact(P.MSGS[P.RHELLO].size)
+  assert struct.unpack_from("<IHHI", raw) == (328, P.RHELLO, 0, 5)
+  c.close()
+  c = target.connect()
+  c.alloc(1, 8)
+  reqs = [(P.pack(P.TPING, 6, flags=0xfffc, payload_len=3, count=3) + b"abc", P.RPING, 16 + 3),
+          (P.pack(P.TSYNC, 7, flags=0xfffc), P.RSYNC, 12),
+          (P.pack(P.TREAD, 8, flags=0xfffc, handle=1, offset=2, count=6), P.RREAD, 16 + 6),
+          (P.pack(P.TREAD, 9, flags=0xfffc, handle=2, offset=0, count=1), P.RERROR, None)]
+  if c.info["caps"] & P.CAP_PROFILE: reqs.append((P.pack(P.TCLOCK, 10, flags=0xfffc), P.RCLOCK, 24))
+  for frame, rtype, rsize in reqs:
+    c.send(frame)
+    hdr = c.recv_exact(P.HDR_SIZE)
+    size, t, flags, tag = struct.unpack("<IHHI", hdr)
+    body = c.recv_exact(size - P.HDR_SIZE)
+    assert (t, tag) == (rtype, struct.unpack_from("<I", frame, 8)[0])
+    assert flags & ~(P.FWAIT | P.FCACHE) == 0, f"{P.TYPE_NAMES[t]} has reserved flag bits {flags:#x}"
+    f = P.unpack(hdr + body)[1]
+    if rsize is None: rsize = 20 + f["count"]
+    assert size == rsize, f"{P.TYPE_NAMES[t]} of {size} bytes, expected {rsize}"
+    assert f.get("pad", 0) == 0, f"{P.TYPE_NAMES[t]} pad {f['pad']:#x}"
+
 @section("Messages")
 def test_the_reply_to_t_has_type_t_plus_1_and_its_tag(c):
   c.alloc(1, 8)
