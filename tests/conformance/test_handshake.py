@@ -169,3 +169,72 @@ def test_tauth_without_cap_auth_is_estate(target):
   c = Raw(target.addr)
   tag, _ = send_auth(c, TOKEN)
   fatal(c, P.ESTATE, tag)
+
+# *** the handshake deadline and limits (Authentication)
+
+def closed_silently(c:Raw, timeout:float) -> float|None:
+  """Seconds until the runner closes c having sent nothing (EOF or reset); None if it stayed open. Any byte fails the case."""
+  t0 = time.monotonic()
+  c.s.settimeout(timeout)
+  try: got = c.s.recv(1)
+  except ConnectionResetError: return time.monotonic() - t0
+  except TimeoutError: return None
+  assert got == b"", f"the runner sent {got!r}... to a connection it closed at the handshake deadline"
+  return time.monotonic() - t0
+
+@section("Authentication")
+def test_a_handshake_not_completed_within_the_deadline_is_closed_without_a_reply(target):
+  if target.external: pytest.skip("needs a runner started with --handshake-timeout 1 and --token-file")
+  t = target.with_options("--token-file", target.pool.token_file(), "--handshake-timeout", "1")
+  silent, trickle, noauth, done = Raw(t.addr, hello=False), Raw(t.addr, hello=False), Raw(t.addr), t.connect()
+  t0 = time.monotonic()
+  hello, when = P.pack(P.THELLO, 1, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG), {}
+  for i, b in enumerate(hello):  # a byte every 0.1 s: the whole Thello would take 2.4 s
+    try: trickle.send(bytes([b]))
+    except OSError: break
+    for name, c in (("silent", silent), ("trickle", trickle), ("noauth", noauth)):
+      if name not in when and (dt := closed_silently(c, 0.1 if name == "trickle" else 0.01)) is not None: when[name] = time.monotonic() - t0
+    if len(when) == 3: break
+  for name, c in (("silent", silent), ("trickle", trickle), ("noauth", noauth)):
+    if name not in when and closed_silently(c, 3) is not None: when[name] = time.monotonic() - t0
+  assert set(when) == {"silent", "trickle", "noauth"}, f"still open after {time.monotonic() - t0:.1f} s: {set(when) ^ {'silent', 'trickle', 'noauth'}}"
+  assert all(0.9 <= w < 3 for w in when.values()), f"closed at {when} s with a 1 s deadline"
+  assert done.ping(b"authenticated in time") == b"authenticated in time"   # a completed handshake is a session: no deadline
+
+@section("Authentication")
+def test_connections_in_their_handshake_beyond_the_limit_get_elimit_tag_0(target):
+  t = target.with_options("--max-startups", "2")
+  s = t.connect()  # a session takes no handshake place once it is one
+  quiet = [Raw(t.addr, hello=False) for _ in range(2)]
+  time.sleep(0.2)  # the runner has accepted both
+  fatal(Raw(t.addr, hello=False), P.ELIMIT, 0)
+  assert s.ping(b"x") == b"x"
+  for q in quiet: q.close()
+  deadline = time.monotonic() + 5
+  while True:  # the places come back once the runner has seen the quiet ones go
+    try: assert t.connect().ping(b"y") == b"y"; break
+    except (AssertionError, EOFError, OSError):
+      assert time.monotonic() < deadline, "the handshake places never came back"
+      time.sleep(0.05)
+
+@section("Authentication")
+@pytest.mark.parametrize("auth", [False, True], ids=["thello", "tauth"])
+def test_a_handshake_that_finds_the_sessions_full_gets_elimit_with_its_tag(target, auth):
+  if target.external: pytest.skip("needs a runner started with --max-sessions 1")
+  t = target.with_options("--max-sessions", "1", *(("--token-file", target.pool.token_file()) if auth else ()))
+  late = Raw(t.addr, hello=auth)      # accepted (and past Thello when the runner wants a Tauth), not yet a session
+  first = t.connect()                 # takes the only session place
+  tag = send_auth(late, t.token)[0] if auth else late.req(P.THELLO, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG)
+  fatal(late, P.ELIMIT, tag)
+  fatal(Raw(t.addr, hello=False), P.ELIMIT, 0)   # accepted while the sessions are full: told before it sends anything
+  assert first.ping(b"x") == b"x"
+  first.close()
+
+@section("Authentication")
+def test_only_trailing_newlines_and_carriage_returns_are_removed_from_the_token(target, tmp_path):
+  p = tmp_path / "token"
+  p.write_bytes(b"\n tok\r\nen \t\n\r\n\r")
+  with target.fresh("--token-file", str(p)) as t:
+    t.token = b"\n tok\r\nen \t"
+    c = t.connect()
+    assert c.ping(b"in") == b"in"
