@@ -34,6 +34,17 @@ def test_a_launch_value_is_signed(target, c):
   assert c.read(1, 0, 8) == f32(5, 7)
   ok(c)
 
+@section("Encoding", "Thello, Rhello")
+def test_rhello_strings_are_utf8_padded_with_nul_bytes(target):
+  i = Raw(target.addr).info
+  for f in ("name", "arch", "cpu", "features"):
+    text = i[f].split(b"\0", 1)[0]
+    assert i[f] == text + bytes(len(i[f]) - len(text)), f"Rhello.{f} {i[f]!r}: after its text, only NUL bytes"
+    text.decode("utf-8")
+  assert P.cstr(i["arch"]), "Rhello.arch is empty"
+  feats = P.cstr(i["features"])
+  assert feats == "" or all(x[:1] in ("+", "-") and len(x) > 1 for x in feats.split(",")), f"features {feats!r}: not a list of +f,-g"
+
 @section("Encoding", "Messages")
 def test_replies_have_their_table_size_and_send_reserved_flags_and_pad_as_zero(target):
   """Each reply is its fixed size plus its counts, exactly; a request's flags are not echoed (reserved bits are sent as zero
@@ -108,9 +119,22 @@ def test_rerror_text_is_nonempty_utf8_at_most_1024_bytes_without_nul(c):
   for want in tags:
     t, f, p = c.frame()
     assert (t, f["tag"]) == (P.RERROR, want)
-    assert f["count"] == len(p) and 1 <= len(p) <= P.MAX_ERRTEXT and b"\0" not in p
+    assert f["count"] == len(p) and 1 <= len(p) <= P.MAX_ERRTEXT and b"\0" not in p and b"\n" not in p  # one line
     p.decode("utf-8")
   assert c.frame()[0] == P.RPING
+
+@section("Rerror")
+def test_rerror_text_names_the_values_involved(c):
+  c.alloc(31, 16)
+  cases = [(c.req(P.TREAD, handle=31, offset=17, count=3), P.ERANGE, ("31", "17", "3", "16")),
+           (c.write(31, 15, b"abc"), P.ERANGE, ("31", "15", "3", "16")),
+           (c.req(P.TCOPY, dst=31, src=31, dstoff=9, srcoff=0, count=8), P.ERANGE, ("31", "9", "8", "16")),
+           (c.req(P.TFREE, handle=4242), P.EHANDLE, ("4242",)),
+           (c.alloc(31, 5), P.EEXIST, ("31",))]
+  errs = c.until_pong()
+  assert [e[:2] for e in errs] == [(code, tag) for tag, code, _ in cases]
+  for (_, _, text), (_, code, values) in zip(errs, cases):
+    assert all(v in text for v in values), f"{P.ERRORS[code]} {text!r} does not name {values}"
 
 # *** Pipelining and error delivery
 
