@@ -70,6 +70,16 @@ def test_oversized_thello_is_a_framing_error(target):
   c.send(P.pack(P.THELLO, 1, payload_len=4096, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG) + bytes(4096))
   assert "Thello" in fatal(c, P.EPROTO, 1)
 
+@section("Thello, Rhello")
+@pytest.mark.parametrize("first", [True, False], ids=["first-request", "later"])
+def test_tresume_without_cap_resume_is_eproto(target, first):
+  t = target.with_options("--resume-grace", "0")
+  c = t.connect()
+  assert not c.info["caps"] & P.CAP_RESUME
+  if not first: c.alloc(1, 4); ok(c)
+  tag = c.req(P.TRESUME, session=c.info["session"], sent=0, received=0, cnonce=os.urandom(32), mac=bytes(32))
+  fatal(c, P.EPROTO, tag)
+
 # *** Tauth and Authentication
 
 @section("Tauth, Rauth", "Authentication")
