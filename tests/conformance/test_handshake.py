@@ -34,10 +34,17 @@ def test_maxmsg_below_65536_is_einval_and_closes(target):
   fatal(c, P.EINVAL, tag)
 
 @section("Thello, Rhello", "Versioning")
-def test_first_frame_other_than_thello_is_estate_and_closes(target):
+@pytest.mark.parametrize("type", [P.TALLOC, P.TPING, P.TSYNC, P.TAUTH, P.TRESUME], ids=lambda t: P.TYPE_NAMES[t])
+def test_first_frame_other_than_thello_is_estate_and_closes(target, type):
   c = Raw(target.addr, hello=False)
-  tag = c.alloc(1, 16)
+  tag = c.req(type, **({"handle": 1, "bufsize": 16} if type == P.TALLOC else {}))
   assert "Thello" in fatal(c, P.ESTATE, tag)
+
+@section("Versioning")
+def test_a_first_frame_shorter_than_a_header_is_eproto(target):
+  c = Raw(target.addr, hello=False)
+  c.send(struct.pack("<IHHI", 5, P.THELLO, 0, 1))
+  fatal(c, P.EPROTO)
 
 @section("Thello, Rhello")
 def test_second_thello_is_estate_and_closes(target):

@@ -94,6 +94,24 @@ def test_requests_without_a_reply_send_nothing_on_success(target, c):
   c.req(P.TCOPY, dst=1, src=1, count=8); c.req(P.TFREE, handle=1)
   ok(c)  # the next frame is the Rping's reply
 
+@section("Messages")
+@pytest.mark.cpu_only
+def test_program_and_graph_requests_without_fwait_send_nothing_on_success(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 8); c.write(1, 0, f32(1, 2))
+  k.load(c, 1)
+  c.launch(1, [(1, 0), (1, 0)], [2])
+  c.req(P.TGRAPH, P.launch_record(1, [(1, 0), (1, 0)], [2]), graph=1, count=1)
+  c.req(P.TGRAPHRUN, graph=1, count=0)
+  c.req(P.TGRAPHFREE, graph=1); c.req(P.TUNLOAD, prog=1)
+  ok(c)  # the next frame is the Rping's reply
+  assert c.read(1, 0, 8) == f32(3, 4)
+
+@section("Thello, Rhello")
+def test_sessions_at_once_have_different_numbers(target):
+  cs = [target.connect() for _ in range(4)]
+  assert len({c.info["session"] for c in cs}) == 4, [c.info["session"] for c in cs]
+
 @section("Messages", "Robustness rules")
 @pytest.mark.parametrize("type", sorted(t for t in P.MSGS if P.is_request(t) and P.MSGS[t].size > P.HDR_SIZE), ids=lambda t: P.TYPE_NAMES[t])
 def test_request_smaller_than_its_fixed_part_is_eproto(target, type):
