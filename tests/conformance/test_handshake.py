@@ -221,10 +221,12 @@ def test_a_handshake_not_completed_within_the_deadline_is_closed_without_a_reply
   assert done.ping(b"in time") == b"in time"   # a completed handshake is a session: no deadline
 
 @section("Authentication")
-def test_connections_in_their_handshake_beyond_the_limit_get_elimit_tag_0(target):
-  t = target.with_options("--max-startups", "2")
+@pytest.mark.parametrize("auth", [False, True], ids=["before-thello", "before-tauth"])
+def test_connections_in_their_handshake_beyond_the_limit_get_elimit_tag_0(target, auth):
+  if target.external: pytest.skip("needs a runner started with --max-startups 2")
+  t = target.with_options("--max-startups", "2", *(("--token-file", target.pool.token_file()) if auth else ()))
   s = t.connect()  # a session takes no handshake place once it is one
-  quiet = [Raw(t.addr, hello=False) for _ in range(2)]
+  quiet = [Raw(t.addr, hello=auth) for _ in range(2)]   # silent, or past Thello and waiting to send Tauth
   time.sleep(0.2)  # the runner has accepted both
   fatal(Raw(t.addr, hello=False), P.ELIMIT, 0)
   assert s.ping(b"x") == b"x"
@@ -235,6 +237,30 @@ def test_connections_in_their_handshake_beyond_the_limit_get_elimit_tag_0(target
     except (AssertionError, EOFError, OSError):
       assert time.monotonic() < deadline, "the handshake places never came back"
       time.sleep(0.05)
+
+@section("Thello, Rhello", "Tauth, Rauth")
+@pytest.mark.parametrize("auth", [False, True], ids=["thello", "tauth"])
+def test_requests_pipelined_right_after_the_handshake_are_served(target, auth):
+  """A client need not wait: frames sent with its Thello (or with its Tauth) in one segment are the session's first requests,
+  even where the runner hands the connection to a session process or thread once the handshake is done."""
+  t = target.authenticating() if auth else target
+  c = Raw(t.addr, hello=False)
+  hello = P.pack(P.THELLO, 1, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG)
+  reqs = (P.pack(P.TALLOC, 2, handle=1, bufsize=8) + P.pack(P.TWRITE, 3, payload_len=8, handle=1, offset=0, count=8) + b"pipeline"
+          + P.pack(P.TREAD, 4, handle=1, offset=0, count=8))
+  if auth:
+    c.send(hello)
+    t_, f, _ = c.frame()
+    assert t_ == P.RHELLO
+    snonce, cnonce = f["nonce"], os.urandom(32)
+    c.send(P.pack(P.TAUTH, 5, cnonce=cnonce, mac=client_mac(t.token, snonce, cnonce)) + reqs)
+    t_, f, _ = c.frame()
+    assert (t_, f["tag"], f["mac"]) == (P.RAUTH, 5, server_mac(t.token, snonce, cnonce))
+  else:
+    c.send(hello + reqs)
+    assert c.frame()[0] == P.RHELLO
+  t_, f, p = c.frame()
+  assert (t_, f["tag"], p) == (P.RREAD, 4, b"pipeline")
 
 @section("Authentication")
 @pytest.mark.parametrize("auth", [False, True], ids=["thello", "tauth"])
