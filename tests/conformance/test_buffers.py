@@ -195,3 +195,13 @@ def test_twrite_and_tcopy_wait_for_the_earlier_work_on_their_buffers(target, c):
   assert (c.read(1, 0, 4), c.read(2, 0, 4)) == (f32(1000), f32(201))
   c.write(2, 0, f32(7)); c.req(P.TCOPY, dst=1, src=2, count=4); c.write(2, 0, f32(8))
   assert (c.read(1, 0, 4), c.read(2, 0, 4)) == (f32(7), f32(8))  # the copy took the data written before it, not after
+
+@section("Twrite")
+def test_a_failed_twrite_of_megabytes_is_read_and_discarded(c):
+  """The data of a failed Twrite is consumed whole, however many reads it takes, and never lands anywhere."""
+  c.alloc(1, 16)
+  data = bytes(range(256)) * (4 << 12)   # 4 MiB that would read as frames of size 0x03020100 if not consumed
+  t1 = c.write(77, 0, data)
+  t2 = c.write(1, 8, data)
+  assert [e[:2] for e in c.until_pong()] == [(P.EHANDLE, t1), (P.ERANGE, t2)]
+  assert c.read(1, 0, 16) == bytes(16) or c.info["backend"] != P.BACKEND_CPU
