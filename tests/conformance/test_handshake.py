@@ -41,10 +41,12 @@ def test_first_frame_other_than_thello_is_estate_and_closes(target, type):
   assert "Thello" in fatal(c, P.ESTATE, tag)
 
 @section("Versioning")
-def test_a_first_frame_shorter_than_a_header_is_eproto(target):
+@pytest.mark.parametrize("frame", [struct.pack("<IHHI", 5, P.THELLO, 0, 7), struct.pack("<IHHI", 24, 999, 0, 7) + bytes(12),
+                                   P.pack(P.RHELLO, 7), P.pack(P.RERROR, 7)], ids=["size-5", "unknown-type", "rhello", "rerror"])
+def test_a_malformed_first_frame_is_eproto_and_closes(target, frame):
   c = Raw(target.addr, hello=False)
-  c.send(struct.pack("<IHHI", 5, P.THELLO, 0, 1))
-  fatal(c, P.EPROTO)
+  c.send(frame)
+  fatal(c, P.EPROTO, 7)
 
 @section("Thello, Rhello")
 def test_second_thello_is_estate_and_closes(target):
