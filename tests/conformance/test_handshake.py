@@ -208,7 +208,9 @@ def test_a_handshake_not_completed_within_the_deadline_is_closed_without_a_reply
   t = target.with_options(*(("--token-file", target.pool.token_file()) if auth else ()), "--handshake-timeout", "1")
   t0 = time.monotonic()   # before the connections: each is closed no earlier than 1 s after it was opened
   conns = {"silent": Raw(t.addr, hello=False), "trickle": Raw(t.addr, hello=False)}
-  if auth: conns["no Tauth"] = Raw(t.addr)   # Rhello received, no Tauth sent
+  if auth:
+    conns["no Tauth"], conns["half a Tauth"] = Raw(t.addr), Raw(t.addr)   # Rhello received; no Tauth, or its first 40 bytes
+    conns["half a Tauth"].send(P.pack(P.TAUTH, 1, cnonce=bytes(32), mac=bytes(32))[:40])
   done, when = t.connect(), {}
   for b in P.pack(P.THELLO, 1, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG):  # a byte every 0.1 s: 2.4 s for the Thello
     try: conns["trickle"].send(bytes([b]))
