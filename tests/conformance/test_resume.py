@@ -1,7 +1,7 @@
 """Tresumekey/Rresumekey and Tresume/Rresume: a session that survives a dropped link (protocol.md, Resuming a session)."""
-import hashlib, hmac, os, struct, time
+import hashlib, hmac, os, socket, struct, time
 import pytest
-from conformance.spec import P, section, fatal, ok, closed
+from conformance.spec import P, Raw, section, fatal, ok, closed
 
 CLIENT, SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
 
@@ -178,3 +178,96 @@ def test_a_session_without_a_key_is_not_resumed(target, how):
   n, _ = tresume(target, c.info["session"], secret, 1, 56)
   fatal(n, P.EAUTH, 77)
   ok(c)                                            # the session it names is not affected
+
+@section("Resuming a session")
+def test_no_cap_resume_no_tresume(target):
+  t = target.with_options("--resume-grace", "0")
+  n = t.connect()
+  n.send(P.pack(P.TRESUME, 9, session=1, sent=0, received=0, cnonce=bytes(32), mac=bytes(32)))
+  fatal(n, P.EPROTO, 9)
+
+@section("Resuming a session")
+def test_a_request_cut_off_is_not_processed_and_comes_again_whole(target):
+  c, k, sent, received = start(target)
+  c.send(P.pack(P.TWRITE, 50, payload_len=16, handle=1, offset=0, count=16) + b"\7" * 8)   # half of it
+  time.sleep(0.2)
+  c.close()
+  time.sleep(0.2)
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + 1, received)
+  t, f, _ = n.frame()
+  assert (t, f["processed"]) == (P.RRESUME, sent), (t, f)
+  n.write(1, 0, b"\7" * 8 + b"\6" * 8)                                       # sent again whole (its half may have landed already)
+  assert n.read(1, 0, 16) == b"\7" * 8 + b"\6" * 8
+
+@section("Resuming a session", "Error codes")
+def test_replies_older_than_the_log_cannot_be_sent_again_and_the_session_ends(target):
+  t = target.with_options("--resume-log", "64K")
+  c, k, sent, received = start(t)
+  assert k["log"] == 65536
+  for i in range(3): c.req(P.TPING, bytes(30000), count=30000)               # 90 KB of replies the client then says it lost
+  tag = c.req(P.TPING, count=0)
+  while c.frame()[1]["tag"] != tag: pass                                      # all processed
+  c.close()
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + 4, received)
+  fatal(n, P.ERESUME, 77)
+  again, _ = tresume(t, c.info["session"], k["secret"], sent + 4, received)
+  fatal(again, P.ERESUME, 77)                                                 # the session has ended
+
+def retry_while_full(fn, what:str):
+  """fn() once the runner has a session place for it: a connection accepted while the sessions are full gets Rerror ELIMIT instead
+  of Rhello (the hello's assertion fails), and the runner frees a place only once it has seen a close."""
+  deadline = time.monotonic() + 5
+  while True:
+    try: return fn()
+    except AssertionError:
+      assert time.monotonic() < deadline, what
+      time.sleep(0.05)
+
+def refused_full(t):
+  """A connection accepted while the runner's sessions are full: Rerror ELIMIT with tag 0, then closed."""
+  fatal(Raw(t.addr, hello=False), P.ELIMIT, 0)
+
+@section("Resuming a session")
+def test_a_waiting_session_gives_up_its_session_place_and_takes_it_back(target):
+  t = target.with_options("--max-sessions", "1")
+  c, k, sent, received = retry_while_full(lambda: start(t), "an earlier case's session never gave its place back")
+  refused_full(t)
+  c.close()
+  o = retry_while_full(t.connect, "the session waiting for its client kept its session place")
+  refused_full(t)                                                             # its client comes back while another holds the place
+  o.close()
+  n, _ = retry_while_full(lambda: tresume(t, c.info["session"], k["secret"], sent, received), "the place never came back")
+  assert n.frame()[0] == P.RRESUME
+  assert n.read(1, 0, 16) == b"\5" * 16
+  refused_full(t)                                                             # the resumed session took its place back
+  key(n, P.RESUME_OFF)
+  n.close()
+
+@section("Resuming a session")
+def test_an_idle_timeout_counts_as_a_dropped_link_for_a_resumable_session(target):
+  t = target.with_options("--idle-timeout", "1")
+  c, k, sent, received = start(t)
+  assert closed(c, 5), "the idle resumable session's connection stayed open"
+  n, _ = tresume(t, c.info["session"], k["secret"], sent, received)
+  t_, f, p = n.frame()
+  assert (t_, f.get("processed")) == (P.RRESUME, sent), (t_, f, p)
+  assert n.read(1, 0, 16) == b"\5" * 16
+
+@section("Resuming a session", "Handles")
+def test_a_waiting_session_keeps_its_memory_until_the_grace_period_passes(target):
+  t = target.with_options("--resume-grace", "1", "--total-mem", "1M")
+  resumable(t)
+  c = t.connect()
+  key(c)
+  c.alloc(1, 800 << 10)
+  assert c.until_pong() == []
+  c.close()
+  o = t.connect()
+  tag = o.alloc(1, 800 << 10)                                                 # the buffers stay reserved while it waits
+  assert [e[:2] for e in o.until_pong()] == [(P.ELIMIT, tag)]
+  deadline = time.monotonic() + 6
+  while True:                                                                 # then the grace period ends it and frees them
+    o.alloc(1, 800 << 10)
+    if not o.until_pong(): break
+    assert time.monotonic() < deadline, "the memory of a session whose grace period passed never came back"
+    time.sleep(0.1)
