@@ -474,6 +474,7 @@ resume_take(struct session *s)
 	slot_get((uint32_t)s->slot)->fd = fd;
 	s->inlen = s->inoff = 0;
 	s->linkdown = 0;
+	s->last_active = time(NULL);	/* the idle limit runs from here */
 	rs->resumes++;
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RRESUME;

@@ -255,9 +255,14 @@ need(struct session *s, size_t n, int boundary)
 				continue;
 			if (r == -2)
 				return -1;
+			/* Idle: a session that may be resumed counts it as a
+			 * dropped link and waits for its client. */
+			if (s->rs != NULL)
+				s->linkdown = 1;
 			log_warn("session %u: client stalled between frames "
-			    "for %d s; ending the session", s->id,
-			    cfg->idle_timeout);
+			    "for %d s; ending the %s", s->id,
+			    cfg->idle_timeout, s->rs != NULL ? "connection" :
+			    "session");
 			return -1;
 		}
 		/* Between frames the idle limit applies; the socket's receive
