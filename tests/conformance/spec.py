@@ -151,6 +151,12 @@ KERNELS = {
   "spin": (1, 0, "void spin(float* restrict out) { for (;;) { __asm__ volatile(\"\"); } }", None, 0),
   # one call per core id: out[core_id] = core_id * 10
   "cores": (1, 1, "void cores(int* restrict out, long core_id) { out[core_id] = (int)core_id * 10; }", None, 0),
+  # socket(AF_INET, SOCK_STREAM, 0) made straight from the kernel (Linux system call numbers): out[0] its result
+  "sock": (1, 0, "void sock(long* restrict out) {\n#if defined(__x86_64__)\n long r;"
+           " __asm__ volatile(\"syscall\" : \"=a\"(r) : \"a\"(41L), \"D\"(2L), \"S\"(1L), \"d\"(0L) : \"rcx\", \"r11\", \"memory\");\n#else\n"
+           " register long x8 __asm__(\"x8\") = 198, x0 __asm__(\"x0\") = 2, x1 __asm__(\"x1\") = 1, x2 __asm__(\"x2\") = 0;"
+           " __asm__ volatile(\"svc #0\" : \"+r\"(x0) : \"r\"(x8), \"r\"(x1), \"r\"(x2) : \"memory\"); long r = x0;\n#endif\n"
+           " out[0] = r; }", None, 0),
 }
 
 class Kernel:

@@ -283,3 +283,18 @@ def test_without_corearg_the_value_sent_is_passed(target, c):
   k.load(c, 1)
   c.launch(1, [(1, 0)], [5], global_size=(3, 1, 1))
   assert struct.unpack("<16i", c.read(1, 0, 64)) == tuple(50 if i == 5 else 0 for i in range(16))
+
+@section("Isolation")
+@cpu_only
+def test_a_kernel_that_opens_a_socket_ends_its_session_with_sigsys(target):
+  target.needs_process_isolation()
+  if target.external: pytest.skip("confinement is Linux only, and Rhello does not say the runner's system")
+  k = kernel(target, "sock")
+  other = target.connect()
+  other.alloc(1, 64); other.write(1, 0, b"kept" * 16)
+  c = target.connect()
+  c.alloc(1, 16); c.write(1, 0, bytes(16))
+  k.load(c, 1)
+  tag = c.launch(1, [(1, 0)], wait=True)
+  assert "SIGSYS" in fatal(c, P.ECRASH, tag)      # never made: without confinement it returns a socket (Rlaunch)
+  assert other.read(1, 0, 64) == b"kept" * 16
