@@ -1,7 +1,6 @@
 """Tgrant, Tpeersend, Tpeer: copies between runners. The cases use two sessions of the runner under test (a source and a destination
 session may be on the same runner), and this suite itself as a peer, speaking Tpeer."""
 import os, socket, struct, threading, time
-import pytest
 from conformance.spec import P, section, ok
 
 def grant(c, h:int, offset:int, count:int, ttl:int=60) -> tuple[int, bytes]:
@@ -277,4 +276,11 @@ def test_a_session_sending_to_itself_gets_epeer_after_the_frame_timeout(target):
   tag, ty, f, p = peersend(c, 1, 0, 64, t.addr, g, sec)
   assert (ty, f["tag"], f.get("code")) == (P.RERROR, tag, P.EPEER), (ty, f, p)
   assert time.monotonic() - t0 < 8
+  ok(c)
+
+@section("Tpeersend, Rpeersend")
+def test_a_destination_name_that_does_not_resolve_is_epeer(c):
+  c.alloc(1, 64)
+  tag, t, f, p = peersend(c, 1, 0, 64, "no-such-host.invalid:7", 1 << 32 | 1, bytes(32))   # .invalid never resolves (RFC 2606)
+  assert (t, f["tag"], f.get("code")) == (P.RERROR, tag, P.EPEER), (t, f, p)
   ok(c)

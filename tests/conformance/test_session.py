@@ -238,7 +238,9 @@ def test_size_above_maxmsg_is_refused_before_the_payload(c):
   P.pack(P.TWRITE, 1, handle=1, offset=0, count=1 << 63),
   P.pack(P.TLAUNCH, 1, nbufs=40, nvals=40),
   P.pack(P.TLAUNCH, 1, payload_len=8, nbufs=1, nvals=0) + bytes(8),
-], ids=["twrite-count>data", "tping-count<data", "tload-wrapping-lengths", "twrite-huge", "tlaunch-80-args", "tlaunch-short"])
+  P.pack(P.TPEERSEND, 1, payload_len=9, handle=1, count=1, port=1, hostlen=5) + b"127.0.0.1",
+], ids=["twrite-count>data", "tping-count<data", "tload-wrapping-lengths", "twrite-huge", "tlaunch-80-args", "tlaunch-short",
+        "tpeersend-hostlen<host"])
 def test_counts_that_disagree_with_the_frame_size_are_eproto(c, frame):
   c.send(frame)
   fatal(c, P.EPROTO, 1)
