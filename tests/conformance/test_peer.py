@@ -284,3 +284,26 @@ def test_a_destination_name_that_does_not_resolve_is_epeer(c):
   tag, t, f, p = peersend(c, 1, 0, 64, "no-such-host.invalid:7", 1 << 32 | 1, bytes(32))   # .invalid never resolves (RFC 2606)
   assert (t, f["tag"], f.get("code")) == (P.RERROR, tag, P.EPEER), (t, f, p)
   ok(c)
+
+@section("Tgrant, Rgrant")
+def test_tgrant_is_answered_after_the_earlier_requests(c):
+  c.alloc(1, 64)
+  bad = c.req(P.TFREE, handle=2)
+  tag = c.req(P.TGRANT, handle=1, offset=0, count=8, ttl=60)
+  expect_error(c, bad, P.EHANDLE)                                          # the earlier failure comes first
+  t, f, _ = c.frame()
+  assert (t, f["tag"]) == (P.RGRANT, tag), (t, f)
+
+@section("Tpeer, Rpeer")
+def test_a_peer_that_stalls_past_the_frame_timeout_is_closed_and_the_range_holds_what_arrived(target):
+  t = target.with_options("--frame-timeout", "2")
+  c = t.connect()
+  c.alloc(1, 64); c.write(1, 0, bytes(64))
+  g, sec = grant(c, 1, 0, 64)
+  s, _, (ty, f, p) = peer(t.addr, g, sec, 64)
+  assert ty == P.RPEER, (ty, f, p)
+  s.sendall(b"\x66" * 20)
+  t0 = time.monotonic()
+  assert closed_socket(s, 8), "a stalled peer connection stayed open"
+  assert time.monotonic() - t0 < 7
+  assert c.read(1, 0, 64) == b"\x66" * 20 + bytes(44)

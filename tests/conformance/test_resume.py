@@ -258,7 +258,7 @@ def test_a_waiting_session_keeps_its_memory_until_the_grace_period_passes(target
   t = target.with_options("--resume-grace", "1", "--total-mem", "1M")
   resumable(t)
   c = t.connect()
-  key(c)
+  assert key(c)["grace"] == 1
   c.alloc(1, 800 << 10)
   assert c.until_pong() == []
   c.close()
@@ -271,3 +271,23 @@ def test_a_waiting_session_keeps_its_memory_until_the_grace_period_passes(target
     if not o.until_pong(): break
     assert time.monotonic() < deadline, "the memory of a session whose grace period passed never came back"
     time.sleep(0.1)
+
+@section("Resuming a session", "Handles")
+def test_tresumekey_off_then_the_session_ends_with_its_connection(target):
+  t = target.with_options("--total-mem", "1M")                              # and the default grace period, 60 s
+  resumable(t)
+  c = t.connect()
+  key(c)
+  c.alloc(1, 800 << 10)
+  assert c.until_pong() == []
+  key(c, P.RESUME_OFF)
+  c.close()
+  o = t.connect()
+  deadline = time.monotonic() + 5
+  while True:                                                                 # freed at once, not after the grace period
+    o.alloc(1, 800 << 10)
+    if not o.until_pong(): break
+    assert time.monotonic() < deadline, "a session that withdrew its key kept its memory after its connection closed"
+    time.sleep(0.05)
+  n, _ = tresume(t, c.info["session"], os.urandom(32), 1, 56)
+  fatal(n, P.ERESUME, 77)                                                     # it has ended
