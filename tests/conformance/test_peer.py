@@ -111,6 +111,7 @@ def test_peer_exchange_proves_the_grant_both_ways(target, c):
 def test_tpeer_for_no_session_and_tpeer_in_a_session(target, c):
   s, _, (t, f, p) = peer(target.addr, 0xfffffffe << 32 | 1, bytes(32), 1)
   assert (t, f.get("code")) == (P.RERROR, P.EGRANT) and b"no session of this runner holds that grant" in p, (t, f, p)
+  assert closed_socket(s)
   tag = c.req(P.TPEER, magic=P.MAGIC, grant=1, count=1)
   assert "first frame of a peer connection" in expect_error(c, tag, P.ESTATE)
   assert c.closed()
@@ -307,3 +308,13 @@ def test_a_peer_that_stalls_past_the_frame_timeout_is_closed_and_the_range_holds
   assert closed_socket(s, 8), "a stalled peer connection stayed open"
   assert time.monotonic() - t0 < 7
   assert c.read(1, 0, 64) == b"\x66" * 20 + bytes(44)
+
+@section("Tpeer, Rpeer")
+def test_a_tpeer_is_read_under_the_handshake_deadline(target):
+  t = target.with_options("--handshake-timeout", "1")
+  host, port = t.addr.rsplit(":", 1)
+  s = socket.create_connection((host, int(port)), timeout=10)
+  s.sendall(P.pack(P.TPEER, 5, magic=P.MAGIC, grant=1, count=1)[:40])      # half a Tpeer, then nothing
+  t0 = time.monotonic()
+  assert closed_socket(s, 8), "a peer connection that never finished its Tpeer stayed open"
+  assert time.monotonic() - t0 < 6
