@@ -126,6 +126,7 @@ BAD_PATCHES = {
   "global-0": P.patch(0, P.PATCH_GLOBAL, 0, value=0),
   "local-0": P.patch(0, P.PATCH_LOCAL, 1, value=0),
   "dim-2^32": P.patch(0, P.PATCH_GLOBAL, 0, value=1 << 32),
+  "dim-2^64-1": P.patch(0, P.PATCH_LOCAL, 0, value=(1 << 64) - 1),
 }
 @section("Tgraphrun, Rgraphrun")
 @cpu_only
@@ -162,6 +163,62 @@ def test_tgraphrun_after_a_buffer_or_program_is_gone_is_ehandle(gc):
   t2 = gc.req(P.TGRAPHRUN, graph=1, count=0)
   one_error(gc, P.EHANDLE, t2)
 
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
+def test_tgraphrun_whose_later_entry_fails_runs_nothing_and_keeps_its_patches(gc):
+  graph(gc, 1, rec(bufs=[(2, 0), (1, 0)]), rec(bufs=[(3, 0), (1, 0)]))
+  gc.req(P.TFREE, handle=3)
+  tag = gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_VAL, 0, value=2), graph=1, count=1)
+  one_error(gc, P.EHANDLE, tag)
+  assert gc.read(2, 0, 16) == bytes(16), "entry 0 ran although entry 1 failed"
+  gc.alloc(3, 16)
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  assert gc.read(2, 0, 16) == f32(2, 2, 0, 0), "the patch of the failed run (n := 2) was not kept"
+  assert gc.read(3, 0, 16) == f32(2, 2, 2, 2)
+
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
+def test_tgraphrun_patched_to_no_such_buffer_is_ehandle_and_the_patch_stays(gc):
+  graph(gc, 1, rec(bufs=[(2, 0), (1, 0)]))
+  tag = gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_BUF, 0, 9, 0), graph=1, count=1)
+  one_error(gc, P.EHANDLE, tag)
+  gc.alloc(9, 16)
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  assert gc.read(9, 0, 16) == f32(2, 2, 2, 2) and gc.read(2, 0, 16) == bytes(16)
+
+@section("Tgraphrun, Rgraphrun", "The CPU image format")
+@cpu_only
+def test_patch_global_sets_how_many_times_a_cpu_kernel_is_called(target, gc):
+  if target.backend != "cpu": pytest.skip("global[0] is the number of calls on the CPU backend")
+  graph(gc, 1, rec(bufs=[(1, 0), (1, 0)]))   # in place: each call adds 1
+  gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_GLOBAL, 0, value=3), graph=1, count=1)
+  assert gc.read(1, 0, 16) == f32(4, 4, 4, 4)
+  gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_LOCAL, 0, value=0xffffffff), graph=1, count=1)   # 2^32-1 is a valid dimension
+  ok(gc)
+  assert gc.read(1, 0, 16) == f32(7, 7, 7, 7)
+
+@section("Tgraph", "Tgraphrun, Rgraphrun")
+@cpu_only
+def test_tgraphrun_looks_the_buffer_up_again_by_handle(gc):
+  graph(gc, 1, rec(bufs=[(3, 0), (1, 0)]))
+  gc.req(P.TFREE, handle=3)
+  gc.alloc(3, 64)
+  gc.write(3, 0, f32(9, 9, 9, 9))
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  assert gc.read(3, 0, 16) == f32(2, 2, 2, 2), "the run did not use the buffer now named 3"
+
+@section("Tunload", "Tgraphrun, Rgraphrun")
+@cpu_only
+def test_a_graph_runs_again_once_its_program_is_loaded_again(target, gc):
+  graph(gc, 1, rec())
+  gc.req(P.TUNLOAD, prog=1)
+  tag = gc.req(P.TGRAPHRUN, graph=1, count=0)
+  one_error(gc, P.EHANDLE, tag)
+  assert gc.read(2, 0, 16) == bytes(16)
+  kernel(target, "add1").load(gc, 1)
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  assert gc.read(2, 0, 16) == f32(2, 2, 2, 2)
+
 @section("Tgraphrun, Rgraphrun", "Robustness rules")
 def test_tgraphrun_count_that_disagrees_with_the_size_is_eproto(c):
   c.send(P.pack(P.TGRAPHRUN, 8, payload_len=24, graph=1, count=2) + bytes(24))
@@ -185,3 +242,12 @@ def test_tgraphfree_frees_the_handle(gc):
   assert [e[:2] for e in gc.until_pong()] == [(P.EHANDLE, t1), (P.EHANDLE, t2)]
   graph(gc, 3, rec())
   ok(gc)
+
+@section("Tgraphfree")
+@cpu_only
+def test_tgraphfree_lets_its_submitted_runs_complete(gc):
+  graph(gc, 3, rec())
+  gc.req(P.TGRAPHRUN, graph=3, count=0)
+  gc.req(P.TGRAPHFREE, graph=3)
+  ok(gc)
+  assert gc.read(2, 0, 16) == f32(2, 2, 2, 2)
