@@ -1,8 +1,17 @@
 """Tload, Tunload, Tlaunch/Rlaunch, the CPU image format and Metal programs."""
 import struct, time
 import pytest
-from conformance.spec import P, Raw, section, one_error, ok, fatal, kernel, closed
+from conformance.spec import P, Raw, KERNELS, section, one_error, ok, fatal, kernel, closed
 from wire import f32
+
+# CPU-only kernels of this file, registered here rather than in spec.py: (nbufs, nvals, C source, Metal source, Metal mask)
+KERNELS.update({
+  # the two integer words it was called with
+  "words": (1, 2, "void words(long* restrict out, long v, long w) { out[0] = v; out[1] = w; }", None, 0),
+  # writes into its own code: the image is mapped read-only and executable
+  "selfwrite": (1, 0, "__attribute__((visibility(\"hidden\"))) void selfwrite(char* out) "
+                "{ *(volatile char*)(void*)&selfwrite = 0; out[0] = 1; }", None, 0),
+})
 
 cpu_only = pytest.mark.cpu_only
 
@@ -117,6 +126,22 @@ def test_tload_cpu_image_entry_not_below_datalen_is_eprogram(target, c):
   tag = k.load(c, 1, entry=len(k.data))
   one_error(c, P.EPROGRAM, tag)
 
+@section("Tload")
+@cpu_only
+@pytest.mark.parametrize("arch", [0, P.ARCH_RISCV64, 99])
+def test_tload_cpu_image_for_no_or_an_unknown_arch_is_eprogram(target, c, arch):
+  if target.backend != "cpu": pytest.skip("CPU images are for CPU runners")
+  k = any_program(target)
+  if arch == k.arch: pytest.skip("the runner is riscv64")
+  tag = k.load(c, 1, arch=arch)
+  one_error(c, P.EPROGRAM, tag)
+
+@section("Tload", "Limits")
+@cpu_only
+def test_tload_with_63_arguments_is_accepted(target, c):
+  any_program(target).load(c, 1, nbufs=60, nvals=3, corearg=62)
+  ok(c)
+
 @section("Tload", "Metal programs")
 def test_tload_metal_entry_bit_at_or_above_nvals_is_eprogram(target, c):
   if target.backend != "metal": pytest.skip("Metal programs are for Metal runners")
@@ -163,6 +188,17 @@ def test_tunload_then_the_handle_is_free_and_launches_fail(target, c):
   errors_of(c, [t1, t2], [P.EHANDLE, P.EHANDLE])
   k.load(c, 1)
   ok(c)
+
+@section("Tunload")
+@cpu_only
+def test_tunload_lets_launches_already_submitted_complete(target, c):
+  k = any_program(target)
+  c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, f32(1, 2, 3, 4))
+  k.load(c, 1)
+  c.launch(1, [(1, 0), (2, 0)], [4])
+  c.req(P.TUNLOAD, prog=1)
+  ok(c)
+  assert c.read(1, 0, 16) == f32(2, 3, 4, 5)
 
 # *** Tlaunch
 
@@ -298,3 +334,44 @@ def test_a_kernel_that_opens_a_socket_ends_its_session_with_sigsys(target):
   tag = c.launch(1, [(1, 0)], wait=True)
   assert "SIGSYS" in fatal(c, P.ECRASH, tag)      # never made: without confinement it returns a socket (Rlaunch)
   assert other.read(1, 0, 64) == b"kept" * 16
+
+@section("The CPU image format")
+@cpu_only
+def test_without_corearg_a_cpu_kernel_is_called_global0_times(target, c):
+  if target.backend != "cpu": pytest.skip("global[0] is the number of calls on the CPU backend")
+  k = kernel(target, "add1")
+  c.alloc(1, 16); c.write(1, 0, f32(1, 2, 3, 4))
+  k.load(c, 1)
+  c.launch(1, [(1, 0), (1, 0)], [4], global_size=(3, 2, 5), local_size=(2, 7, 1))   # in place: each call adds 1
+  assert c.read(1, 0, 16) == f32(4, 5, 6, 7), "global[1], global[2] and local are ignored: 3 calls"
+
+@section("The CPU image format", "Encoding")
+@cpu_only
+def test_values_are_passed_as_64_bit_twos_complement_words(target, c):
+  if target.backend != "cpu": pytest.skip("a CPU kernel")
+  k = kernel(target, "words")
+  c.alloc(1, 16)
+  k.load(c, 1)
+  c.launch(1, [(1, 0)], [-5, (1 << 62) + 3])
+  assert struct.unpack("<2q", c.read(1, 0, 16)) == (-5, (1 << 62) + 3)
+
+@section("The CPU image format", "Tload")
+@cpu_only
+def test_the_function_at_entry_is_called(target, c):
+  if target.backend != "cpu": pytest.skip("a CPU image")
+  k = kernel(target, "add1")
+  c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, f32(1, 2, 3, 4))
+  k.load(c, 1, data=bytes(64) + k.data, entry=k.entry + 64)   # the image moved 64 bytes on: references inside it are PC-relative
+  c.launch(1, [(1, 0), (2, 0)], [4])
+  assert c.read(1, 0, 16) == f32(2, 3, 4, 5)
+
+@section("The CPU image format", "Isolation")
+@cpu_only
+def test_the_image_is_not_writable(target):
+  target.needs_process_isolation()
+  k = kernel(target, "selfwrite")
+  c = target.connect()
+  c.alloc(1, 16)
+  k.load(c, 1)
+  tag = c.launch(1, [(1, 0)], wait=True)
+  assert fatal(c, P.ECRASH, tag).startswith("kernel selfwrite crashed: SIG")
