@@ -112,3 +112,125 @@ def test_runner_without_cache_holds_nothing(target):
   c.req(P.TWRITE, b"z", P.FCACHE, handle=1, offset=0, count=1)   # FCACHE without a cache: a plain write
   ok(c)
   assert c.read(1, 0, 1) == b"z"
+
+@section("Cache")
+def test_content_stored_by_fcache_is_not_held_for_the_session_until_an_rhave_says_so(target):
+  t = cached(target)
+  data = os.urandom(4096)
+  d = hashlib.sha256(data).digest()
+  c = t.connect()
+  c.alloc(1, 4096); c.alloc(2, 4096)
+  c.req(P.TWRITE, data, P.FCACHE, handle=1, offset=0, count=4096)
+  tag = c.req(P.TWRITEHASH, handle=2, offset=0, count=4096, hash=d)
+  one_error(c, P.ENOTCACHED, tag)
+  deadline = time.monotonic() + 10
+  while have(c, [d]) != [1]:
+    assert time.monotonic() < deadline, "content written with FCACHE was not held within 10 s"
+    time.sleep(0.02)
+  c.req(P.TWRITEHASH, handle=2, offset=0, count=4096, hash=d)
+  ok(c)
+  assert c.read(2, 0, 4096) == data
+
+@section("Cache")
+def test_twritehash_takes_its_turn_among_the_writes(target):
+  t = cached(target)
+  data = os.urandom(8)
+  d = store(t, data)
+  c = t.connect()
+  assert have(c, [d]) == [1]
+  c.alloc(1, 16)
+  c.write(1, 0, b"a" * 16)
+  c.req(P.TWRITEHASH, handle=1, offset=4, count=8, hash=d)
+  c.write(1, 10, b"b" * 4)
+  assert c.read(1, 0, 16) == b"aaaa" + data[:6] + b"bbbb" + b"aa"
+
+@section("Cache", "Tprofile, Rprofile")
+def test_twritehash_makes_a_prof_write_record(target):
+  t = cached(target)
+  data = os.urandom(4096)
+  d = store(t, data)
+  c = t.connect()
+  assert have(c, [d]) == [1]
+  c.alloc(3, 8192)
+  c.req(P.TPROFILE, mode=P.PROFILE_ON, count=0); c.frame()
+  tag = c.req(P.TWRITEHASH, handle=3, offset=100, count=4096, hash=d)
+  bad = c.req(P.TWRITEHASH, handle=3, offset=8000, count=4096, hash=d)   # fails: no record
+  assert [e[:2] for e in c.until_pong()] == [(P.ERANGE, bad)]
+  ptag = c.req(P.TPROFILE, mode=P.PROFILE_OFF, count=10)
+  t_, f, p = c.frame()
+  assert (t_, f["tag"], f["count"]) == (P.RPROFILE, ptag, 1), (t_, f)
+  r = P.PROF.unpack(p, 0)
+  assert (r["kind"], r["tag"], r["entry"], r["handle"], r["aux"], r["count"]) == (P.PROF_WRITE, tag, 0, 3, 0, 4096) and r["start"] <= r["end"]
+
+@section("Cache", "Limits")
+def test_a_thave_of_as_many_hashes_as_fit_in_maxmsg_is_answered(target):
+  c = target.connect(maxmsg=P.MIN_MAXMSG)
+  n = (P.MIN_MAXMSG - 16) // 32
+  assert have(c, [os.urandom(32) for _ in range(n)]) == [0] * n
+  ok(c)
+  c.send(P.pack(P.THAVE, 9, 0, 32 * (n + 1), count=n + 1) + bytes(32 * (n + 1)))   # one more is a frame above maxmsg
+  fatal(c, P.EPROTO, 9)
+
+SMALL_DIR = tempfile.mkdtemp(prefix="conformance-small-cache")
+def small(target):
+  """A runner with the smallest cache (64 KiB), in a directory of its own."""
+  if target.external: pytest.skip("needs a runner started with --cache-size 65536")
+  return target.with_options("--cache-dir", SMALL_DIR, "--cache-size", "65536")
+
+@section("Cache")
+def test_fcache_of_content_larger_than_the_whole_cache_is_a_plain_write(target):
+  t = small(target)
+  big = os.urandom(100_000)
+  c = t.connect()
+  c.alloc(1, len(big))
+  c.req(P.TWRITE, big, P.FCACHE, handle=1, offset=0, count=len(big))
+  ok(c)   # never fails the Twrite
+  assert c.read(1, 0, len(big)) == big
+  c.close()
+  store(t, os.urandom(1000))   # stored after it, by the same runner: the big one has been dealt with by now
+  q = t.connect()
+  assert have(q, [hashlib.sha256(big).digest()]) == [0], "content larger than the whole cache was kept"
+
+@section("Cache")
+def test_a_pinned_content_stays_available_to_its_session_whatever_is_evicted(target):
+  t = small(target)
+  data = os.urandom(16384)
+  d = store(t, data)
+  a = t.connect()
+  assert have(a, [d]) == [1]   # pinned for a
+  others = [os.urandom(16384) for _ in range(5)]   # 80 KiB more: the least recently used go, first of all d
+  b = t.connect()
+  b.alloc(1, 16384)
+  for x in others: b.req(P.TWRITE, x, P.FCACHE, handle=1, offset=0, count=len(x))
+  ok(b)
+  store(t, others[-1])
+  q = t.connect()
+  assert have(q, [d]) == [0], "the least recently used content was not removed"
+  q.close()
+  a.alloc(1, 16384)
+  a.req(P.TWRITEHASH, handle=1, offset=0, count=16384, hash=d)
+  ok(a)
+  assert a.read(1, 0, 16384) == data
+
+@section("Cache", "Limits")
+def test_a_session_pins_at_most_cache_pins_contents(target):
+  t = cached(target)
+  n = P.CACHE_PINS + 1
+  contents = [os.urandom(16) for _ in range(n)]
+  digests = [hashlib.sha256(x).digest() for x in contents]
+  w = t.connect()
+  w.alloc(1, 16)
+  w.send(b"".join(P.pack(P.TWRITE, 1000 + i, P.FCACHE, payload_len=16, handle=1, offset=0, count=16) + x for i, x in enumerate(contents)))
+  ok(w)
+  deadline = time.monotonic() + 20
+  for part in (digests[:n // 2], digests[n // 2:]):   # each on a session of its own, below its pin limit
+    while True:
+      q = t.connect()
+      held = have(q, part)
+      q.close()
+      if all(held): break
+      assert time.monotonic() < deadline, f"{held.count(0)} contents written with FCACHE were not held within 20 s"
+      time.sleep(0.05)
+  c = t.connect()
+  assert have(c, digests) == [1] * P.CACHE_PINS + [0]
+  assert have(c, [digests[0], digests[-1]]) == [1, 0]   # what it pinned stays held; nothing more is pinned

@@ -44,6 +44,20 @@ def test_clock_does_not_wait_for_queued_errors_to_be_asked_for(c):
   t, f, _ = c.frame()
   assert (code, etag, t, f["tag"]) == (P.EHANDLE, tag, P.RCLOCK, t0)
 
+@section("Tclock, Rclock")
+def test_a_cpu_runners_clock_is_the_systems_monotonic_clock(target, c):
+  if target.external or target.backend != "cpu": pytest.skip("needs a CPU runner on this machine (started by the suite)")
+  t0 = time.monotonic_ns()
+  r = clock(c)
+  t1 = time.monotonic_ns()
+  assert t0 <= r <= t1, f"CLOCK_MONOTONIC went {t0}..{t1}, the runner said {r}"
+
+@section("Tclock, Rclock")
+def test_tclock_ignores_flags_and_fails_only_by_framing(c):
+  tag = c.req(P.TCLOCK, flags=P.FWAIT | 0x8000)
+  t, f, _ = c.frame()
+  assert (t, f["tag"]) == (P.RCLOCK, tag)
+
 # *** Tprofile
 
 @section("Tprofile, Rprofile")
