@@ -141,6 +141,16 @@ def test_tgraphrun_bad_patch_is_einval_and_applies_none(gc, bad):
 
 @section("Tgraphrun, Rgraphrun")
 @cpu_only
+def test_a_failed_tgraphrun_with_fwait_gets_its_rerror_instead_of_rgraphrun(gc):
+  graph(gc, 1, rec(bufs=[(2, 0), (1, 0)]))
+  t1 = gc.req(P.TGRAPHRUN, BAD_PATCHES["unknown-kind"], P.FWAIT, graph=1, count=1)
+  assert gc.error()[:2] == (P.EINVAL, t1)
+  t2 = gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_BUF, 0, 2, 17), P.FWAIT, graph=1, count=1)
+  assert gc.error()[:2] == (P.ERANGE, t2)
+  ok(gc)   # and nothing else for either
+
+@section("Tgraphrun, Rgraphrun")
+@cpu_only
 def test_tgraphrun_patched_offset_past_the_buffer_is_erange_and_can_be_corrected(gc):
   graph(gc, 1, rec(bufs=[(2, 0), (1, 0)]))
   tag = gc.req(P.TGRAPHRUN, P.patch(0, P.PATCH_BUF, 0, 2, 17), graph=1, count=1)

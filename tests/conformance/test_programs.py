@@ -8,6 +8,8 @@ from wire import f32
 KERNELS.update({
   # the two integer words it was called with
   "words": (1, 2, "void words(long* restrict out, long v, long w) { out[0] = v; out[1] = w; }", None, 0),
+  # counts its calls
+  "count": (1, 1, "void count(int* restrict out, long core_id) { __atomic_fetch_add(out, 1, __ATOMIC_RELAXED); }", None, 0),
   # writes into its own code: the image is mapped read-only and executable
   "selfwrite": (1, 0, "__attribute__((visibility(\"hidden\"))) void selfwrite(char* out) "
                 "{ *(volatile char*)(void*)&selfwrite = 0; out[0] = 1; }", None, 0),
@@ -375,3 +377,13 @@ def test_the_image_is_not_writable(target):
   k.load(c, 1)
   tag = c.launch(1, [(1, 0)], wait=True)
   assert fatal(c, P.ECRASH, tag).startswith("kernel selfwrite crashed: SIG")
+
+@section("The CPU image format")
+@cpu_only
+def test_with_corearg_a_cpu_kernel_is_called_global0_times(target, c):
+  if target.backend != "cpu": pytest.skip("global[0] is the number of calls on the CPU backend")
+  k = kernel(target, "count")
+  c.alloc(1, 4)
+  k.load(c, 1, corearg=1)
+  c.launch(1, [(1, 0)], [0], global_size=(37, 3, 2), local_size=(4, 5, 1))
+  assert struct.unpack("<i", c.read(1, 0, 4)) == (37,)
