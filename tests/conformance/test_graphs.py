@@ -32,7 +32,10 @@ OVER = P.launch_record(1, [(1, 0)] * 40, [0] * 24)
   (rec(), 1 << 30),                # a count far larger than the frame could hold
   (rec(), 0xffffffff),
   (OVER, 1),                       # a record with 64 arguments
-], ids=["args-past-end", "record-past-end", "bytes-over", "count-2-of-1", "count-2^30", "count-max", "64-arguments"])
+  (rec(prog=404) + rec()[:40], 2), # a record naming no program, then one past the end: the frame is checked before any record
+  (rec(prog=404) + OVER, 2),       # ... then one with 64 arguments
+], ids=["args-past-end", "record-past-end", "bytes-over", "count-2-of-1", "count-2^30", "count-max", "64-arguments",
+        "no-program-then-past-end", "no-program-then-64-arguments"])
 def test_tgraph_framing_error_is_eproto_and_closes(c, body, count):
   tag = c.req(P.TGRAPH, body, graph=1, count=count)
   fatal(c, P.EPROTO, tag)

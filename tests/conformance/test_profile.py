@@ -117,6 +117,20 @@ def test_failed_requests_make_no_record(c):
   assert [(r["kind"], r["tag"]) for r in recs] == [(P.PROF_COPY, good)]
 
 @section("Tprofile, Rprofile")
+def test_a_graph_run_that_fails_at_any_entry_makes_no_record(target, c):
+  kernel(target, "add1").load(c, 7)
+  for h in (1, 2, 3): c.alloc(h, 16)
+  c.req(P.TGRAPH, P.launch_record(7, [(2, 0), (1, 0)], [4]) + P.launch_record(7, [(3, 0), (1, 0)], [4]), graph=5, count=2)
+  c.req(P.TFREE, handle=3)
+  profile(c, P.PROFILE_ON, 0)
+  bad = c.req(P.TGRAPHRUN, graph=5, count=0)   # entry 1 names a freed buffer: nothing runs
+  assert [e[:2] for e in c.until_pong()] == [(P.EHANDLE, bad)]
+  c.alloc(3, 16)
+  good = c.req(P.TGRAPHRUN, graph=5, count=0)
+  f, recs = profile(c)
+  assert [(r["kind"], r["tag"], r["entry"]) for r in recs] == [(P.PROF_GRAPH, good, 0), (P.PROF_GRAPH, good, 1)], recs
+
+@section("Tprofile, Rprofile")
 def test_off_discards_what_it_does_not_return_and_on_starts_empty(c):
   c.alloc(1, 16); c.alloc(2, 16)
   profile(c, P.PROFILE_ON, 0)
