@@ -220,6 +220,21 @@ def test_tgraphrun_looks_the_buffer_up_again_by_handle(gc):
   gc.req(P.TGRAPHRUN, graph=1, count=0)
   assert gc.read(3, 0, 16) == f32(2, 2, 2, 2), "the run did not use the buffer now named 3"
 
+@section("Tgraphrun, Rgraphrun", "Tgraph")
+@cpu_only
+def test_tgraphrun_checks_each_entry_again_as_tlaunch_does(target, gc):
+  graph(gc, 1, rec(bufs=[(3, 16), (1, 0)], vals=(0,)))   # offset 16 of a 16-byte buffer: allowed
+  gc.req(P.TGRAPHRUN, graph=1, count=0)
+  ok(gc)
+  gc.req(P.TFREE, handle=3); gc.alloc(3, 8)              # the buffer now under 3 is smaller than the offset
+  t1 = gc.req(P.TGRAPHRUN, graph=1, count=0)
+  one_error(gc, P.ERANGE, t1)
+  gc.req(P.TFREE, handle=3); gc.alloc(3, 16)
+  gc.req(P.TUNLOAD, prog=1)
+  kernel(target, "add1").load(gc, 1, nbufs=1, nvals=2)  # a program under 1 again, taking other arguments
+  t2 = gc.req(P.TGRAPHRUN, graph=1, count=0)
+  one_error(gc, P.EINVAL, t2)
+
 @section("Tunload", "Tgraphrun, Rgraphrun")
 @cpu_only
 def test_a_graph_runs_again_once_its_program_is_loaded_again(target, gc):
