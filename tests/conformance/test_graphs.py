@@ -279,3 +279,16 @@ def test_tgraphfree_lets_its_submitted_runs_complete(gc):
   gc.req(P.TGRAPHFREE, graph=3)
   ok(gc)
   assert gc.read(2, 0, 16) == f32(2, 2, 2, 2)
+
+@section("Handles")
+@cpu_only
+@pytest.mark.parametrize("h", [0, 0x7fffffff, 0xffffffff])
+def test_any_32_bit_value_is_a_valid_program_and_graph_handle(target, gc, h):
+  kernel(target, "add1").load(gc, h)
+  graph(gc, h, rec(prog=h))
+  gc.req(P.TGRAPHRUN, graph=h, count=0)
+  gc.launch(h, [(3, 0), (1, 0)], [4])
+  ok(gc)
+  assert gc.read(2, 0, 16) == gc.read(3, 0, 16) == f32(2, 2, 2, 2)
+  gc.req(P.TGRAPHFREE, graph=h); gc.req(P.TUNLOAD, prog=h)
+  ok(gc)
