@@ -234,3 +234,45 @@ def test_a_session_pins_at_most_cache_pins_contents(target):
   c = t.connect()
   assert have(c, digests) == [1] * P.CACHE_PINS + [0]
   assert have(c, [digests[0], digests[-1]]) == [1, 0]   # what it pinned stays held; nothing more is pinned
+
+@section("Cache")
+def test_fcache_keeps_exactly_the_bytes_written_wherever_they_land(target):
+  t = cached(target)
+  data = os.urandom(1000)
+  c = t.connect()
+  c.alloc(1, 8192)
+  c.write(1, 0, b"\x01" * 8192)
+  c.req(P.TWRITE, data, P.FCACHE, handle=1, offset=3000, count=len(data))
+  ok(c)
+  c.close()
+  d, deadline = hashlib.sha256(data).digest(), time.monotonic() + 10
+  while have(q := t.connect(), [d]) != [1]:
+    q.close()
+    assert time.monotonic() < deadline, "the bytes of a Twrite with FCACHE at an offset were not held by their hash"
+    time.sleep(0.02)
+  q.alloc(1, 1000)
+  q.req(P.TWRITEHASH, handle=1, offset=0, count=1000, hash=d)
+  assert q.read(1, 0, 1000) == data
+
+@section("Cache")
+def test_the_least_recently_used_content_is_removed_first(target, tmp_path):
+  if target.external: pytest.skip("needs a runner started with --cache-size 65536")
+  with target.fresh("--cache-dir", str(tmp_path), "--cache-size", "65536") as t:
+    x, y = os.urandom(12288), os.urandom(12288)
+    # uses 50 ms apart: the runner orders uses by the files' modification times, which Linux keeps to a clock tick (1-10 ms)
+    dx = store(t, x)
+    time.sleep(0.05)
+    dy = store(t, y)
+    time.sleep(0.05)
+    a = t.connect()
+    assert have(a, [dx]) == [1]   # x is used after y
+    a.close()
+    time.sleep(0.05)
+    more = [os.urandom(12288) for _ in range(4)]   # six 12 KiB contents pass 64 KiB: one has to go
+    b = t.connect()
+    b.alloc(1, 12288)
+    for m in more: b.req(P.TWRITE, m, P.FCACHE, handle=1, offset=0, count=len(m))
+    ok(b)
+    store(t, more[-1])
+    q = t.connect()
+    assert have(q, [dx, dy] + [hashlib.sha256(m).digest() for m in more]) == [1, 0, 1, 1, 1, 1]
