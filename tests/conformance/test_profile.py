@@ -131,6 +131,20 @@ def test_a_graph_run_that_fails_at_any_entry_makes_no_record(target, c):
   assert [(r["kind"], r["tag"], r["entry"]) for r in recs] == [(P.PROF_GRAPH, good, 0), (P.PROF_GRAPH, good, 1)], recs
 
 @section("Tprofile, Rprofile")
+def test_the_profile_is_the_sessions_own(target, c):
+  c.alloc(1, 16); c.alloc(2, 16)
+  profile(c, P.PROFILE_ON, 0)
+  d = target.connect()
+  d.alloc(1, 16); d.alloc(2, 16)
+  d.send(copies(d, 3))
+  f, recs = profile(d, P.PROFILE_OFF)   # d's profile was never on
+  assert (f["count"], f["cap"]) == (0, 0)
+  c.send(copies(c, 1))
+  f, recs = profile(c)
+  assert [r["tag"] for r in recs] == [1000], "another session's work is in this session's profile"
+  d.close()
+
+@section("Tprofile, Rprofile")
 def test_off_discards_what_it_does_not_return_and_on_starts_empty(c):
   c.alloc(1, 16); c.alloc(2, 16)
   profile(c, P.PROFILE_ON, 0)

@@ -10,6 +10,9 @@ KERNELS.update({
   "words": (1, 2, "void words(long* restrict out, long v, long w) { out[0] = v; out[1] = w; }", None, 0),
   # counts its calls
   "count": (1, 1, "void count(int* restrict out, long core_id) { __atomic_fetch_add(out, 1, __ATOMIC_RELAXED); }", None, 0),
+  # a slow read-modify-write: calls that overlapped would lose increments
+  "serial": (1, 1, "void serial(int* restrict out, long core_id) { int v = *(volatile int*)out; "
+             "for (volatile int i = 0; i < 200000; i++) {} *(volatile int*)out = v + 1; }", None, 0),
   # writes into its own code: the image is mapped read-only and executable
   "selfwrite": (1, 0, "__attribute__((visibility(\"hidden\"))) void selfwrite(char* out) "
                 "{ *(volatile char*)(void*)&selfwrite = 0; out[0] = 1; }", None, 0),
@@ -387,3 +390,13 @@ def test_with_corearg_a_cpu_kernel_is_called_global0_times(target, c):
   k.load(c, 1, corearg=1)
   c.launch(1, [(1, 0)], [0], global_size=(37, 3, 2), local_size=(4, 5, 1))
   assert struct.unpack("<i", c.read(1, 0, 4)) == (37,)
+
+@section("The CPU image format")
+@cpu_only
+def test_without_corearg_the_calls_are_made_one_after_another(target, c):
+  if target.backend != "cpu": pytest.skip("a CPU kernel")
+  k = kernel(target, "serial")
+  c.alloc(1, 4)
+  k.load(c, 1)
+  c.launch(1, [(1, 0)], [0], global_size=(12, 1, 1))
+  assert struct.unpack("<i", c.read(1, 0, 4)) == (12,), "calls overlapped"
