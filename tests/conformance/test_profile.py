@@ -145,6 +145,16 @@ def test_the_profile_is_the_sessions_own(target, c):
   d.close()
 
 @section("Tprofile, Rprofile")
+def test_the_profiles_memory_is_not_counted_in_the_sessions(target):
+  t = target.with_options("--session-mem", "1M")
+  c = t.connect()
+  assert c.info["memory"] == 1 << 20
+  profile(c, P.PROFILE_ON, 0)
+  c.alloc(1, 1 << 20)   # the whole of Rhello.memory, with the profile's 2.5 MiB set aside
+  ok(c)
+  c.close()
+
+@section("Tprofile, Rprofile")
 def test_off_discards_what_it_does_not_return_and_on_starts_empty(c):
   c.alloc(1, 16); c.alloc(2, 16)
   profile(c, P.PROFILE_ON, 0)
