@@ -38,6 +38,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -315,6 +316,14 @@ cache_open(const char *dir, uint64_t limit, char *err)
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
 		if (rl.rlim_cur < rl.rlim_max) {
 			rl.rlim_cur = rl.rlim_max;
+#ifdef __APPLE__
+			/* macOS refuses an unlimited rlim_cur here (setrlimit(2):
+			 * use min(OPEN_MAX, rlim_max)); its default of 256 would
+			 * leave no pins beyond FD_RESERVE, and Rhave answering 0
+			 * for everything. Not verified on a Mac. */
+			if (rl.rlim_cur > OPEN_MAX)
+				rl.rlim_cur = OPEN_MAX;
+#endif
 			setrlimit(RLIMIT_NOFILE, &rl);
 			getrlimit(RLIMIT_NOFILE, &rl);
 		}
