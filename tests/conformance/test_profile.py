@@ -110,7 +110,8 @@ def test_failed_requests_make_no_record(c):
   c.alloc(1, 16); c.alloc(2, 16)
   profile(c, P.PROFILE_ON, 0)
   bad = [c.req(P.TCOPY, dst=2, src=1, dstoff=8, count=16), c.req(P.TCOPY, dst=2, src=404, count=4), c.launch(404, [(1, 0)]),
-         c.req(P.TGRAPHRUN, graph=404, count=0), c.write(404, 0, b"abcd")]
+         c.req(P.TGRAPHRUN, graph=404, count=0), c.write(404, 0, b"abcd"), c.req(P.TREAD, handle=404, offset=0, count=4),
+         c.req(P.TREAD, handle=1, offset=8, count=16)]
   good = c.req(P.TCOPY, dst=2, src=1, count=4)
   assert [e[1] for e in c.until_pong()] == bad
   f, recs = profile(c)
