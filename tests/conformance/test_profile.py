@@ -156,6 +156,20 @@ def test_the_profiles_memory_is_not_counted_in_the_sessions(target):
   c.close()
 
 @section("Tprofile, Rprofile")
+def test_a_twrites_span_includes_its_data_still_in_the_network(c):
+  c.alloc(1, 8192)
+  profile(c, P.PROFILE_ON, 0)
+  data = bytes(range(256)) * 32
+  frame = P.pack(P.TWRITE, 77, payload_len=len(data), handle=1, offset=0, count=len(data)) + data
+  c.send(frame[:-4096])
+  time.sleep(0.1)   # the last 4 KiB arrive 100 ms later
+  c.send(frame[-4096:])
+  assert c.read(1, 0, 8192) == data
+  f, recs = profile(c)
+  w = recs[0]
+  assert (w["kind"], w["tag"], w["count"]) == (P.PROF_WRITE, 77, 8192) and w["end"] - w["start"] >= 0.05e9, w
+
+@section("Tprofile, Rprofile")
 def test_off_discards_what_it_does_not_return_and_on_starts_empty(c):
   c.alloc(1, 16); c.alloc(2, 16)
   profile(c, P.PROFILE_ON, 0)
