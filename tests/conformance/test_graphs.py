@@ -292,3 +292,17 @@ def test_any_32_bit_value_is_a_valid_program_and_graph_handle(target, gc, h):
   assert gc.read(2, 0, 16) == gc.read(3, 0, 16) == f32(2, 2, 2, 2)
   gc.req(P.TGRAPHFREE, graph=h); gc.req(P.TUNLOAD, prog=h)
   ok(gc)
+
+@section("Tgraphrun, Rgraphrun", "Isolation")
+@cpu_only
+def test_a_graph_entry_that_crashes_is_ecrash_with_the_tgraphruns_tag(target):
+  target.needs_process_isolation()
+  c = target.connect()
+  kernel(target, "crash").load(c, 1)
+  c.alloc(1, 16)
+  graph(c, 4, P.launch_record(1, [(1, 0)], []))
+  t0 = c.req(P.TFREE, handle=77)   # queued: sent first
+  tag = c.req(P.TGRAPHRUN, graph=4, count=0)
+  assert c.error()[:2] == (P.EHANDLE, t0)
+  assert "SIGSEGV" in fatal(c, P.ECRASH, tag)
+  assert target.connect().ping(b"on") == b"on"
