@@ -306,3 +306,16 @@ def test_a_graph_entry_that_crashes_is_ecrash_with_the_tgraphruns_tag(target):
   assert c.error()[:2] == (P.EHANDLE, t0)
   assert "SIGSEGV" in fatal(c, P.ECRASH, tag)
   assert target.connect().ping(b"on") == b"on"
+
+@section("Tgraphrun, Rgraphrun", "Isolation")
+@cpu_only
+def test_a_graph_entry_past_the_kernel_time_limit_is_etimeout(target):
+  target.needs_process_isolation()
+  t = target.with_options("--kernel-timeout", "1")
+  c = t.connect()
+  kernel(t, "spin").load(c, 1)
+  c.alloc(1, 16)
+  graph(c, 4, P.launch_record(1, [(1, 0)], []))
+  tag = c.req(P.TGRAPHRUN, flags=P.FWAIT, graph=4, count=0)
+  fatal(c, P.ETIMEOUT, tag)
+  assert t.connect().ping(b"on") == b"on"
