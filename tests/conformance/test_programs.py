@@ -303,6 +303,21 @@ def test_tlaunch_past_the_kernel_time_limit_is_etimeout_and_ends_only_its_sessio
   fatal(c, P.ETIMEOUT, tag)
   assert other.ping(b"ok") == b"ok"
 
+@section("Tlaunch, Rlaunch", "Tping, Rping", "Tclock, Rclock")
+@cpu_only
+def test_on_the_cpu_backend_a_request_after_a_launch_is_answered_once_the_kernel_returns(target):
+  # a kernel that never returns: the Tping and Tclock sent after it are never answered; the time limit ends the session
+  target.needs_process_isolation()
+  if target.backend != "cpu": pytest.skip("Metal queues a launch and reads the next request at once")
+  t = target.with_options("--kernel-timeout", "1")
+  k = kernel(t, "spin")
+  c = t.connect()
+  c.alloc(1, 16)
+  k.load(c, 1)
+  tag = c.launch(1, [(1, 0)])
+  c.req(P.TPING, count=0); c.req(P.TCLOCK)
+  fatal(c, P.ETIMEOUT, tag)             # the first frame, and the last: no Rping, no Rclock
+
 # *** the CPU image format
 
 @section("The CPU image format")
