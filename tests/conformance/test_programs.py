@@ -144,6 +144,7 @@ def test_tload_cpu_image_for_no_or_an_unknown_arch_is_eprogram(target, c, arch):
 @section("Tload", "Limits")
 @cpu_only
 def test_tload_with_63_arguments_is_accepted(target, c):
+  if target.backend != "cpu": pytest.skip("63 arguments is the CPU backend's limit; Metal's is 31 (Metal programs)")
   any_program(target).load(c, 1, nbufs=60, nvals=3, corearg=62)
   ok(c)
 
