@@ -289,16 +289,20 @@ def test_tlaunch_kernel_crash_is_ecrash_after_queued_errors_and_ends_only_its_se
   assert other.read(1, 0, 4096) == b"kept" * 1024, "another session lost its data"
   assert target.connect().ping(b"on") == b"on"
 
-@section("Tlaunch, Rlaunch", "Isolation")
-@cpu_only
-def test_tlaunch_past_the_kernel_time_limit_is_etimeout_and_ends_only_its_session(target):
+def spinning(target) -> tuple:
+  """A session of a --kernel-timeout 1 runner whose kernel never returns: (runner, connection, the launch's tag)."""
   target.needs_process_isolation()
   t = target.with_options("--kernel-timeout", "1")
   k = kernel(t, "spin")
   c = t.connect()
   c.alloc(1, 16)
   k.load(c, 1)
-  tag = c.launch(1, [(1, 0)])
+  return t, c, c.launch(1, [(1, 0)])
+
+@section("Tlaunch, Rlaunch", "Isolation")
+@cpu_only
+def test_tlaunch_past_the_kernel_time_limit_is_etimeout_and_ends_only_its_session(target):
+  t, c, tag = spinning(target)
   other = t.connect()
   assert other.ping(b"ok") == b"ok"      # served while the kernel spins
   fatal(c, P.ETIMEOUT, tag)
@@ -308,14 +312,8 @@ def test_tlaunch_past_the_kernel_time_limit_is_etimeout_and_ends_only_its_sessio
 @cpu_only
 def test_on_the_cpu_backend_a_request_after_a_launch_is_answered_once_the_kernel_returns(target):
   # a kernel that never returns: the Tping and Tclock sent after it are never answered; the time limit ends the session
-  target.needs_process_isolation()
   if target.backend != "cpu": pytest.skip("Metal queues a launch and reads the next request at once")
-  t = target.with_options("--kernel-timeout", "1")
-  k = kernel(t, "spin")
-  c = t.connect()
-  c.alloc(1, 16)
-  k.load(c, 1)
-  tag = c.launch(1, [(1, 0)])
+  _, c, tag = spinning(target)
   c.req(P.TPING, count=0); c.req(P.TCLOCK)
   fatal(c, P.ETIMEOUT, tag)             # the first frame, and the last: no Rping, no Rclock
 
