@@ -16,6 +16,9 @@ KERNELS.update({
   # writes into its own code: the image is mapped read-only and executable
   "selfwrite": (1, 0, "__attribute__((visibility(\"hidden\"))) void selfwrite(char* out) "
                 "{ *(volatile char*)(void*)&selfwrite = 0; out[0] = 1; }", None, 0),
+  # Metal only: a 4-byte value (constant int&) then an 8-byte one (constant long&, entry bit 1), stored as two longs
+  "vals": (1, 2, None, "#include <metal_stdlib>\nusing namespace metal;\nkernel void vals(device long* out, constant int& v, "
+           "constant long& w, uint3 gid [[threadgroup_position_in_grid]]) { out[0] = v; out[1] = w; }\n", 2),
 })
 
 cpu_only = pytest.mark.cpu_only
@@ -167,6 +170,35 @@ def test_metal_program_with_more_than_31_arguments_is_eprogram(target, c):
   k = kernel(target, "add1")
   tag = k.load(c, 1, nbufs=30, nvals=2)
   one_error(c, P.EPROGRAM, tag)
+
+@section("Metal programs")
+def test_metal_values_bound_after_the_buffers_with_the_widths_entry_gives(target, c):
+  if target.backend != "metal": pytest.skip("Metal programs are for Metal runners")
+  k = kernel(target, "vals")
+  c.alloc(1, 16); k.load(c, 1)
+  c.launch(1, [(1, 0)], [-5, -(1 << 40) - 3])                  # int at buffer index 1, long at 2
+  c.launch(1, [(1, 0)], [(1 << 32) - 1, (1 << 63) - 1])        # a uint32 value is accepted (as its 32 bits)
+  assert struct.unpack("<qq", c.read(1, 0, 16)) == (-1, (1 << 63) - 1)
+  c.launch(1, [(1, 0)], [-(1 << 31), -(1 << 63)])
+  assert struct.unpack("<qq", c.read(1, 0, 16)) == (-(1 << 31), -(1 << 63))
+
+@section("Metal programs")
+@pytest.mark.parametrize("v", [1 << 32, -(1 << 31) - 1])
+def test_metal_4_byte_value_outside_int32_and_uint32_is_edevice(target, c, v):
+  if target.backend != "metal": pytest.skip("Metal programs are for Metal runners")
+  k = kernel(target, "vals")
+  c.alloc(1, 16); k.load(c, 1)
+  tag = c.launch(1, [(1, 0)], [v, 0])
+  assert str(v) in one_error(c, P.EDEVICE, tag)
+
+@section("Metal programs")
+def test_metal_local_size_above_the_pipeline_maximum_is_edevice_naming_both_numbers(target, c):
+  if target.backend != "metal": pytest.skip("maxTotalThreadsPerThreadgroup is Metal's")
+  k = kernel(target, "vals")
+  c.alloc(1, 16); k.load(c, 1)
+  tag = c.launch(1, [(1, 0)], [0, 0], local_size=[64, 64, 2])
+  text = one_error(c, P.EDEVICE, tag)
+  assert "8192" in text and any(str(n) in text for n in (1024, 512, 256, 896, 768, 640)), text
 
 @section("Tload", "Handles")
 @cpu_only
