@@ -104,6 +104,16 @@ def test_deferred_failure_at_sync(c, emulator_only):
   assert (code, etag) == (P.EDEVICE, tag) and "Address Fault" in text, text
   c.sync()                                     # reported once
 
+def test_deferred_failure_at_read(c, emulator_only):
+  # ran on the Metal emulator (its page-fault report): a Tread is a request that waits, so it reports the earlier launch's fault
+  c.alloc(1, 16)
+  load(c, 1, OOB, 1)
+  c.launch(1, [(1, 0)])
+  tag = c.req(P.TREAD, handle=1, offset=0, count=16)
+  code, etag, text = c.error()
+  assert (code, etag) == (P.EDEVICE, tag) and "Address Fault" in text, text
+  c.sync()                                     # reported once
+
 def test_fault_ends_only_that_command_buffer(metal_addr, c, emulator_only):
   c.alloc(1, 16)
   load(c, 1, OOB, 1)
