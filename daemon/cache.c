@@ -564,7 +564,7 @@ cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
 {
 	char name[2 * PROTO_HASH_SIZE + 1];
 	uint8_t hdr[HDR];
-	int rc = -1;
+	int rc = -1, e = 0;
 
 	sha256_final(&pp->c, hash);
 	if (pp->got != pp->len)
@@ -575,19 +575,18 @@ cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
 		memcpy(hdr + 16, hash, PROTO_HASH_SIZE);
 		hexname(hash, name);
 		if (pwrite(pp->fd, hdr, HDR, 0) != HDR ||
-		    renameat(C.dirfd, pp->tmp, C.dirfd, name) == -1) {
-			int e = errno;
-
-			put_drop(pp);
-			log_warn("cache: cannot store %s in %s: %s", name,
-			    C.dir, strerror(e));
-		} else
+		    renameat(C.dirfd, pp->tmp, C.dirfd, name) == -1)
+			e = errno;
+		else
 			rc = 0;
 	}
 	if (rc == -1)
 		put_drop(pp);
 	else
 		close(pp->fd);
+	if (e != 0)
+		log_warn("cache: cannot store %s in %s: %s", name, C.dir,
+		    strerror(e));
 	if (rc == 0 && atomic_fetch_add(C.approx, pp->len + HDR) + pp->len +
 	    HDR > C.limit) {
 		pthread_mutex_lock(&cache_lock);

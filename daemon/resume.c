@@ -575,12 +575,12 @@ resume_wait(struct session *s)
 		 * its source waits for it, not for this session's client. */
 		struct pollfd p[2] = { { ctl_fd(s), POLLIN, 0 },
 		    { s->inbox, POLLIN, 0 } };
-		if ((n = poll(p, s->inbox != -1 ? 2 : 1, left > INT_MAX ?
-		    INT_MAX : (int)left)) == -1 && errno == EINTR)
+		if ((n = poll(p, 2, left > INT_MAX ? INT_MAX : (int)left)) ==
+		    -1 && errno == EINTR)
 			continue;
 		if (n == 0)
 			break;
-		if (s->inbox != -1 && p[1].revents != 0)
+		if (p[1].revents != 0)	/* poll skips an inbox of -1 */
 			sess_peer_take(s);
 		if (p[0].revents == 0)
 			continue;

@@ -265,13 +265,11 @@ need(struct session *s, size_t n, int boundary)
 			    "session");
 			return -1;
 		}
-		/* Between frames the idle limit applies; the socket's receive
-		 * timeout is the frame timeout, which may be longer. (A session
-		 * that may be resumed waits in resume_recv(), which also sees a
-		 * resume coming; there an idle link counts as dropped, checked
-		 * each frame timeout, below.) */
+		/* Before the handshake is done the idle limit applies here (once
+		 * it is, sess_peer_wait() above applies it); the socket's receive
+		 * timeout is the frame timeout, which may be longer. */
 		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
-		    s->rs == NULL &&
+		    s->state != S_READY &&
 		    !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
 			log_warn("session %u: client stalled between frames "
 			    "for %d s; ending the session", s->id,

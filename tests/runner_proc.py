@@ -60,6 +60,12 @@ def runner(*args:str, binary:pathlib.Path|None=None):
   try: yield r
   finally: r.stop()
 
+def until(cond, timeout:float=5.0) -> bool:
+  """Whether cond() holds within timeout: for what a runner does after its reply (a store, a session's end), checked again until then."""
+  deadline = time.monotonic() + timeout
+  while not cond() and time.monotonic() < deadline: time.sleep(0.02)
+  return cond()
+
 def children(r:RunnerProc) -> list[int]:
   """The runner's child processes, from /proc (Linux)."""
   pid = r.proc.pid
@@ -70,6 +76,5 @@ def comm(pid:int) -> str: return pathlib.Path(f"/proc/{pid}/comm").read_text().s
 def session_pids(r:RunnerProc) -> list[int]:
   """The runner's session processes: its children but the peer broker (protocol.md, Copies between runners). The broker
   names itself once forked, which may be just after the runner said it is listening: wait for the name."""
-  deadline = time.monotonic() + 5
-  while "mr_peer_broker" not in map(comm, children(r)) and time.monotonic() < deadline: time.sleep(0.02)
+  until(lambda: "mr_peer_broker" in map(comm, children(r)))
   return [p for p in children(r) if comm(p) != "mr_peer_broker"]

@@ -4,7 +4,7 @@ is not the content's, content whose file does not hash to its name (forged or da
 cannot be written or is full, sessions storing the same content at once. Runners here are the CPU backend on loopback."""
 import hashlib, os, pathlib, re, struct, threading, time
 import pytest
-from runner_proc import RunnerProc
+from runner_proc import RunnerProc, until   # the runner stores content after the write that carried it: wait
 from client.connection import Runner, RunnerError
 import client.protocol as P
 
@@ -14,12 +14,6 @@ def cache_runner(tmp_path, *args, size="1G"):
   return RunnerProc("-v", "--cache-dir", str(tmp_path / "cache"), "--cache-size", size, *args)
 
 def files(d:pathlib.Path): return sorted(p for p in d.iterdir() if not p.name.startswith("."))
-
-def until(cond, timeout=5.0):
-  """The runner stores content after the write that carried it, while the session goes on: wait for what it does."""
-  deadline = time.monotonic() + timeout
-  while not cond() and time.monotonic() < deadline: time.sleep(0.02)
-  return cond()
 
 def stored(tmp_path, data:bytes) -> bool:
   """Wait until each 1 MiB chunk of data is a file in the cache: a later session finds only what is stored whole."""

@@ -5,7 +5,7 @@ import hashlib, hmac, json, os, struct, time
 import numpy as np
 import pytest
 from conftest import run_python
-from runner_proc import RunnerProc
+from runner_proc import RunnerProc, until
 from link_cutter import LinkCutter
 from wire import Raw
 from client import protocol as P
@@ -341,10 +341,9 @@ def test_uploads_through_the_cache_survive_cuts(tmp_path):
         out = np.empty_like(data)
         c.read(1, 0, out)
         assert (out == data).all() and c.stats()["resumes"] == 1 and lc.pending() == 0
-      deadline = time.monotonic() + 10   # the cache stores after the write, while the session goes on: wait for all 8 chunks
-      while len([f for f in (tmp_path / "cache").iterdir() if not f.name.startswith(".")]) < 8:
-        assert time.monotonic() < deadline, "the first session's 8 chunks were never all stored"
-        time.sleep(0.05)
+      # the cache stores after the write, while the session goes on: wait for all 8 chunks
+      assert until(lambda: len([f for f in (tmp_path / "cache").iterdir() if not f.name.startswith(".")]) >= 8, 10), \
+        "the first session's 8 chunks were never all stored"
     assert c.stats()["bytes_sent"] < 1 << 20, c.stats()   # the second session named its 8 chunks instead of sending them
   finally: r.stop()
 
