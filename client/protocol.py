@@ -22,6 +22,7 @@ PROFILE_RECORDS = 65536  # records a session's profile holds
 HASH_SIZE = 32  # a SHA-256, the cache's content name
 CACHE_PINS = 4096  # cached contents a session keeps (Thave)
 SECRET_SIZE, MAX_GRANTS, MAX_GRANT_TTL, MAX_PEER_HOST = 32, 64, 600, 255  # copies between runners
+RREAD_INLINE, RESUME_REFS = 4096, 8  # CAP_ACK: Rread data of more bytes the runner keeps by reference, for up to this many Rreads
 
 # message types: a T-message is a request, its R-message (T+1) the reply
 RERROR = 1
@@ -31,6 +32,7 @@ TLAUNCH, RLAUNCH, TGRAPH, TGRAPHRUN, RGRAPHRUN, TGRAPHFREE = 24, 25, 26, 28, 29,
 TCLOCK, RCLOCK, TPROFILE, RPROFILE = 32, 33, 34, 35
 THAVE, RHAVE, TWRITEHASH = 36, 37, 38  # CAP_CACHE
 TRESUMEKEY, RRESUMEKEY, TRESUME, RRESUME = 46, 47, 48, 49  # CAP_RESUME
+TACK = 50  # CAP_ACK
 TGRANT, RGRANT, TPEERSEND, RPEERSEND, TPEER, RPEER = 40, 41, 42, 43, 44, 45  # copies between runners; Tpeer/Rpeer: peer connections only
 
 FWAIT = 1  # hdr.flags on Tlaunch/Tgraphrun: wait and reply with the device time
@@ -52,6 +54,7 @@ BACKENDS = {BACKEND_CPU: "cpu", BACKEND_METAL: "metal"}
 CAP_AUTH, CAP_UNIFIED, CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, CAP_PROFILE = 1, 2, 4, 8, 16, 32
 CAP_CACHE = 64
 CAP_RESUME = 256
+CAP_ACK = 512
 CAP_PEER = 128
 PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE = 1, 2, 3
 PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_METAL_SOURCE: CAP_METAL_SOURCE}
@@ -122,6 +125,7 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (RRESUMEKEY, "Rresumekey", ("IQ32s", ("grace", "log", "secret"))),
   (TRESUME, "Tresume", ("IQQ32s32s", ("session", "sent", "received", "cnonce", "mac"))),
   (RRESUME, "Rresume", ("IQ32s", ("pad", "processed", "mac"))),
+  (TACK, "Tack", ("IQ", ("pad", "received"))),
   (TGRANT, "Tgrant", ("IQQII", ("handle", "offset", "count", "ttl", "pad"))),
   (RGRANT, "Rgrant", ("IQ32s", ("pad", "grant", "secret"))),
   (TPEERSEND, "Tpeersend", ("IQQQ32sHHI", ("handle", "offset", "count", "grant", "secret", "port", "hostlen", "pad"))),

@@ -214,7 +214,7 @@ send_read(struct session *s, const struct proto_tread *t, const uint8_t *src)
 	s->outlen += sizeof(hdr);
 	/* Small reads ride in the output buffer; large ones go straight
 	 * from the buffer's memory behind the pending bytes. */
-	if (t->count <= 4096) {
+	if (t->count <= PROTO_RREAD_INLINE) {
 		if (sess_grow(&s->out, &s->outcap, s->outlen + t->count) == -1)
 			return -2;
 		memcpy(s->out + s->outlen, src, (size_t)t->count);

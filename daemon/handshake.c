@@ -122,7 +122,7 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.caps = info->caps | PROTO_CAP_PROFILE | PROTO_CAP_PEER |
 	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0) |
 	    (s->cache != NULL ? PROTO_CAP_CACHE : 0) |
-	    (resume_offered(s) ? PROTO_CAP_RESUME : 0);
+	    (resume_offered(s) ? PROTO_CAP_RESUME | PROTO_CAP_ACK : 0);
 	r.rhello.ncores = info->ncores;
 	r.rhello.memory = cfg->total_mem ? min64(cfg->total_mem, info->memory) :
 	    info->memory;

@@ -365,9 +365,11 @@ sess_peer_take(struct session *s)
 	if (n == 0) {		/* no one can hand us peers any more */
 		close(s->inbox);
 		s->inbox = -1;
-	} else if (n > 0 && fd != -1)
+	} else if (n > 0 && fd != -1) {
+		if (s->rread_refs > 0)	/* the peer writes into a buffer */
+			resume_keep(s);
 		peer_accept(s, fd, frame, (size_t)n);
-	else if (fd != -1)
+	} else if (fd != -1)
 		close(fd);
 }
 

@@ -142,6 +142,9 @@ static const struct field f_tresume[] = {
 static const struct field f_rresume[] = {
 	FI(proto_rresume, processed, 16), FB(proto_rresume, mac, 24)
 };
+static const struct field f_tack[] = {
+	FI(proto_tack, received, 16)
+};
 
 static const struct field f_have[] = {
 	FI(proto_have, count, 12)
@@ -241,6 +244,7 @@ static const struct msgdef msgs[] = {
 	[PROTO_RRESUMEKEY] = M("Rresumekey", 56, f_rresumekey),
 	[PROTO_TRESUME] = M("Tresume", 96, f_tresume),
 	[PROTO_RRESUME] = M("Rresume", 56, f_rresume),
+	[PROTO_TACK] = M("Tack", 24, f_tack),
 	[PROTO_TGRANT] = M("Tgrant", 40, f_tgrant),
 	[PROTO_RGRANT] = M("Rgrant", 56, f_rgrant),
 	[PROTO_TPEERSEND] = M("Tpeersend", 80, f_tpeersend),

@@ -47,6 +47,7 @@ union proto_msg {
 	struct proto_rresumekey rresumekey;
 	struct proto_tresume tresume;
 	struct proto_rresume rresume;
+	struct proto_tack tack;
 	struct proto_tgrant tgrant;
 	struct proto_rgrant rgrant;
 	struct proto_tpeersend tpeersend;	/* Rpeersend is a proto_rtime */

@@ -41,6 +41,8 @@
 #define PROTO_MAX_GRANTS 64		/* grants a session holds at once */
 #define PROTO_MAX_GRANT_TTL 600		/* seconds a grant may live */
 #define PROTO_MAX_PEER_HOST 255		/* Tpeersend hostlen */
+#define PROTO_RREAD_INLINE 4096		/* larger Rread data: kept by reference */
+#define PROTO_RESUME_REFS 8		/* Rreads kept by reference (CAP_ACK) */
 
 /* Message types: a T-message is a request, its R-message the reply (T+1). */
 enum proto_type {
@@ -66,6 +68,7 @@ enum proto_type {
 	PROTO_TWRITEHASH = 38,				/* CAP_CACHE, no reply */
 	PROTO_TRESUMEKEY = 46,	PROTO_RRESUMEKEY = 47,	/* CAP_RESUME */
 	PROTO_TRESUME = 48,	PROTO_RRESUME = 49,	/* CAP_RESUME */
+	PROTO_TACK = 50,				/* CAP_ACK, no reply */
 	/* Copies between runners (protocol.md, Copies between runners):
 	 * Tpeer and Rpeer travel only on a peer connection, never a session. */
 	PROTO_TGRANT = 40,	PROTO_RGRANT = 41,
@@ -120,6 +123,7 @@ enum proto_cap {
 	PROTO_CAP_PROFILE = 32,		/* accepts Tclock and Tprofile */
 	PROTO_CAP_CACHE = 64,		/* a content cache: Thave, Twritehash, FCACHE */
 	PROTO_CAP_RESUME = 256,		/* sessions survive a dropped link */
+	PROTO_CAP_ACK = 512,		/* accepts Tack (with CAP_RESUME) */
 	PROTO_CAP_PEER = 128		/* accepts Tgrant, Tpeersend and peers */
 };
 
@@ -440,6 +444,13 @@ struct proto_rresume {
 	uint32_t pad;
 	uint64_t processed;
 	uint8_t mac[32];
+};
+
+/* size[4] Tack tag[4] pad[4] received[8] */
+struct proto_tack {
+	struct proto_hdr h;
+	uint32_t pad;
+	uint64_t received;
 };
 
 /* One profile record: kind[2] entry[2] tag[4] handle[4] aux[4] start[8]

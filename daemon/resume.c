@@ -14,11 +14,22 @@
  * Nothing is run twice: a request is counted once its handler returned
  * (a Twrite whose data was cut off is not, and comes again whole).
  *
- * What the runner keeps for that: the last --resume-log bytes it sent
- * (a ring, logged as the bytes go out), and the count. A resume that
- * needs bytes older than the ring is refused with ERESUME and the session
- * ends; a client keeps its replies within the ring by splitting large
- * reads (protocol.md, Resuming a session).
+ * What the runner keeps for that: the count, and the bytes it sent since
+ * the key, as far back as it can. The bytes it copied as they went out
+ * (replies from the output buffer) are in a ring of the last --resume-log
+ * of them. The data of a large Rread, sent straight from the buffer, is
+ * not copied: it is kept as a reference to the buffer's memory, and copied
+ * only when a request that may change a buffer comes before the client
+ * acknowledged the reply (Tack). So bulk reads cost no copy, and a client
+ * that acknowledges what it received (the Python client does, after each
+ * large read) never causes one. A resume that needs bytes no longer held
+ * is refused with ERESUME and the session ends.
+ *
+ * Frames are whole in the stream, and a resume must start at a frame
+ * boundary: the ring's oldest whole frame is tracked as it is overwritten,
+ * so a resume can walk the headers from there to check where the client
+ * says it stopped, and that every frame it missed fits the new
+ * connection's maxmsg.
  *
  * How a new connection reaches the session: the connection does its
  * handshake in a session of its own, like any other (server.c), whose
@@ -59,11 +70,27 @@
 static const char resume_client[] = "metal_runner-resume-v1 client";
 static const char resume_server[] = "metal_runner-resume-v1 server";
 
+/* The data of an Rread sent straight from a buffer: read from there again
+ * on a resume, or from own once a request may have changed the buffer. */
+struct rref {
+	uint64_t at;		/* stream offset of its first byte */
+	uint64_t len;
+	const uint8_t *src;
+	uint8_t *own;
+};
+
 struct resume {
 	uint8_t secret[PROTO_MAC_SIZE];
-	uint8_t *ring;		/* the last bytes sent, up to cap */
-	size_t cap, held, head;	/* head: where the next byte goes */
-	uint64_t total;		/* bytes sent since the key was issued */
+	uint64_t total;		/* bytes of the stream sent since the key */
+	uint8_t *ring;		/* the last cap bytes that were copied */
+	size_t cap;
+	uint64_t copied;	/* stream bytes copied into the ring, in all */
+	uint64_t frame;		/* the oldest frame whose header the ring */
+	uint64_t fcopied;	/* holds: its stream offset and its copied count */
+	uint64_t acked;		/* the client received this many (Tack) */
+	struct rref refs[PROTO_RESUME_REFS];	/* in stream order */
+	unsigned nrefs;
+	uint64_t owned;		/* bytes of copies in refs */
 	size_t skip;		/* bytes of the output buffer that precede the
 				 * key (handshake replies): not the session's */
 	int switched;		/* a resume replaced the link while it served */
@@ -80,6 +107,7 @@ struct handover {
 	uint64_t sent, received;
 	uint8_t cnonce[PROTO_NONCE_SIZE];
 	uint8_t mac[PROTO_MAC_SIZE];
+	uint32_t maxmsg;	/* the new connection's, from its Thello */
 	char peer[64];
 };
 
@@ -310,23 +338,104 @@ resume_offered(const struct session *s)
 	return s->ctx->cfg->resume_grace > 0 && ctl_fd(s) != -1;
 }
 
+/* The n bytes at copied count c, from the ring or, past what it holds, from
+ * p (the bytes being put): a header never spans the two. */
+static void
+ring_get(const struct resume *rs, uint64_t c, const uint8_t *p, uint8_t *out,
+    size_t n)
+{
+	size_t at, k;
+
+	if (c >= rs->copied) {
+		memcpy(out, p + (c - rs->copied), n);
+		return;
+	}
+	at = (size_t)(c % rs->cap);
+	k = (size_t)min64(n, rs->cap - at);
+	memcpy(out, rs->ring + at, k);
+	memcpy(out + k, rs->ring, n - k);
+}
+
+/* Step over the frame at stream offset *at, copied count *c: its size, or
+ * 0 if the header there is not a frame the runner sends. An Rread whose
+ * data went by reference has only its fixed part in the ring. */
+static uint32_t
+frame_step(const struct resume *rs, uint64_t *at, uint64_t *c,
+    const uint8_t *p)
+{
+	uint8_t h[PROTO_HDR_SIZE];
+	uint32_t size;
+	unsigned type;
+
+	if (p == NULL && (*c >= rs->copied || rs->copied - *c > rs->cap))
+		return 0;	/* not in the ring */
+	ring_get(rs, *c, p, h, sizeof(h));
+	size = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+	    (uint32_t)h[3] << 24;
+	type = (unsigned)(h[4] | h[5] << 8);
+	if (size < PROTO_HDR_SIZE || proto_is_request(type))
+		return 0;
+	*at += size;
+	*c += type == PROTO_RREAD && size > sizeof(struct proto_rread) +
+	    PROTO_RREAD_INLINE ? sizeof(struct proto_rread) : size;
+	return size;
+}
+
 static void
 ring_put(struct resume *rs, const uint8_t *p, size_t n)
 {
-	size_t k;
+	size_t k, head;
 
+	/* Move the oldest frame past the bytes about to be overwritten. */
+	while (rs->copied + n > rs->cap && rs->fcopied < rs->copied + n -
+	    rs->cap)
+		if (frame_step(rs, &rs->frame, &rs->fcopied, p) == 0) {
+			rs->frame = rs->fcopied = UINT64_MAX;	/* none */
+			break;
+		}
 	rs->total += n;
 	if (n >= rs->cap) {	/* only the tail fits */
-		memcpy(rs->ring, p + n - rs->cap, rs->cap);
-		rs->head = 0;
-		rs->held = rs->cap;
-		return;
+		p += n - rs->cap;
+		rs->copied += n - rs->cap;
+		n = rs->cap;
 	}
-	k = min64(n, rs->cap - rs->head);
-	memcpy(rs->ring + rs->head, p, k);
+	head = (size_t)(rs->copied % rs->cap);
+	k = (size_t)min64(n, rs->cap - head);
+	memcpy(rs->ring + head, p, k);
 	memcpy(rs->ring, p + k, n - k);
-	rs->head = (rs->head + n) % rs->cap;
-	rs->held = (size_t)min64(rs->held + n, rs->cap);
+	rs->copied += n;
+}
+
+static void
+ref_drop(struct session *s, unsigned i)
+{
+	struct resume *rs = s->rs;
+
+	if (rs->refs[i].own != NULL) {
+		free(rs->refs[i].own);
+		rs->owned -= rs->refs[i].len;
+	} else
+		s->rread_refs--;
+	memmove(rs->refs + i, rs->refs + i + 1, (rs->nrefs - i - 1) *
+	    sizeof(rs->refs[0]));
+	rs->nrefs--;
+}
+
+/* The data of an Rread, sent straight from src: kept by reference. */
+static void
+ref_add(struct session *s, const uint8_t *src, size_t n)
+{
+	struct resume *rs = s->rs;
+
+	if (rs->nrefs == PROTO_RESUME_REFS)
+		ref_drop(s, 0);
+	rs->refs[rs->nrefs].at = rs->total;
+	rs->refs[rs->nrefs].len = n;
+	rs->refs[rs->nrefs].src = src;
+	rs->refs[rs->nrefs].own = NULL;
+	rs->nrefs++;
+	s->rread_refs++;
+	rs->total += n;
 }
 
 int
@@ -340,7 +449,7 @@ resume_send(struct session *s, const void *a, size_t alen, const void *b,
 		rs->skip -= skip;
 		ring_put(rs, (const uint8_t *)a + skip, alen - skip);
 		if (blen > 0)
-			ring_put(rs, b, blen);
+			ref_add(s, b, blen);
 	}
 	if (s->linkdown)
 		return rs != NULL ? 0 : -1;
@@ -350,6 +459,49 @@ resume_send(struct session *s, const void *a, size_t alen, const void *b,
 	/* The bytes are in the ring: they go again on a resume. */
 	s->linkdown = 1;
 	return rs != NULL ? 0 : -1;
+}
+
+void
+resume_keep(struct session *s)
+{
+	struct resume *rs = s->rs;
+	unsigned i;
+
+	/* Newest first: a client that did not acknowledge them most likely
+	 * misses the last. What does not fit the log's size is let go. */
+	for (i = rs->nrefs; i-- > 0;) {
+		struct rref *r = &rs->refs[i];
+		if (r->own != NULL)
+			continue;
+		if (rs->owned + r->len > rs->cap ||
+		    (r->own = malloc((size_t)r->len)) == NULL) {
+			ref_drop(s, i);
+			continue;
+		}
+		memcpy(r->own, r->src, (size_t)r->len);
+		rs->owned += r->len;
+		s->rread_refs--;
+	}
+}
+
+int
+resume_ack(struct session *s, const struct proto_tack *t)
+{
+	struct resume *rs = s->rs;
+
+	if (!resume_offered(s))
+		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "this runner does "
+		    "not take acknowledgements (no CAP_ACK)") == -1 ? -2 : 0;
+	if (rs == NULL || t->received <= rs->acked)
+		return 0;
+	if (t->received > rs->total)
+		return sess_errorf(s, t->h.tag, PROTO_EINVAL, "Tack of %llu "
+		    "bytes, but the runner sent %llu", (unsigned long long)
+		    t->received, (unsigned long long)rs->total);
+	rs->acked = t->received;
+	while (rs->nrefs > 0 && rs->refs[0].at + rs->refs[0].len <= rs->acked)
+		ref_drop(s, 0);
+	return 0;
 }
 
 static void
@@ -388,6 +540,95 @@ server_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
 	hmac_sha256(rs->secret, sizeof(rs->secret), msg, l + 64, out);
 }
 
+/* Send the ring's bytes of copied counts [c0, c1): one or two pieces. */
+static int
+send_ring(int fd, const struct resume *rs, uint64_t c0, uint64_t c1)
+{
+	size_t at = (size_t)(c0 % rs->cap), n = (size_t)(c1 - c0);
+	size_t k = (size_t)min64(n, rs->cap - at);
+
+	return n == 0 ? 0 : net_sendv_all(fd, rs->ring + at, k, rs->ring,
+	    n - k);
+}
+
+/*
+ * The frames of the stream from byte from on, which the client missed.
+ * With fd -1, check that the runner can send them again: from is a frame
+ * boundary it still knows, every frame fits maxmsg (the new connection's)
+ * and every Rread's data is held; 0, or -1 with the reason in text. With
+ * an fd, send them.
+ */
+static int
+missed(const struct resume *rs, uint64_t from, uint32_t maxmsg, int fd,
+    char *text, size_t len)
+{
+	uint64_t at = rs->frame, c = rs->fcopied, c0, prev = at, fat, fc;
+	uint32_t size;
+	unsigned i = 0;
+
+	if (from < rs->acked) {
+		snprintf(text, len, "the client says it received %llu bytes of "
+		    "replies, but it acknowledged %llu (Tack)",
+		    (unsigned long long)from, (unsigned long long)rs->acked);
+		return -1;
+	}
+	if (at == UINT64_MAX || from < at) {
+		snprintf(text, len, "the replies the client missed (%llu "
+		    "bytes) are no longer held: the runner keeps the last %zu "
+		    "bytes it copied (--resume-log)", (unsigned long long)
+		    (rs->total - from), rs->cap);
+		return -1;
+	}
+	while (at < from) {
+		prev = at;
+		if (frame_step(rs, &at, &c, NULL) == 0)
+			break;
+	}
+	if (at != from) {
+		snprintf(text, len, "the client says it received %llu bytes of "
+		    "replies, which ends inside the frame that starts at byte "
+		    "%llu: a client counts whole frames only",
+		    (unsigned long long)from, (unsigned long long)prev);
+		return -1;
+	}
+	for (c0 = c; at < rs->total;) {
+		fat = at;
+		fc = c;
+		if ((size = frame_step(rs, &at, &c, NULL)) == 0)
+			break;
+		if (size > maxmsg) {
+			snprintf(text, len, "a reply the client missed is %u "
+			    "bytes, larger than the new connection's maxmsg %u",
+			    size, maxmsg);
+			return -1;
+		}
+		if (at - fat == c - fc)		/* all in the ring */
+			continue;
+		/* An Rread whose data is kept by reference, after its
+		 * fixed part. */
+		while (i < rs->nrefs && rs->refs[i].at < fat + (c - fc))
+			i++;
+		if (i == rs->nrefs || rs->refs[i].at != fat + (c - fc)) {
+			snprintf(text, len, "the data of an Rread the client "
+			    "missed (%u bytes) is no longer held: a request "
+			    "changed its buffer before the client acknowledged "
+			    "it", size);
+			return -1;
+		}
+		if (fd != -1 && (send_ring(fd, rs, c0, c) == -1 ||
+		    net_send_all(fd, rs->refs[i].own != NULL ? rs->refs[i].own :
+		    rs->refs[i].src, (size_t)rs->refs[i].len) == -1))
+			return -1;
+		c0 = c;
+	}
+	if (at != rs->total) {
+		snprintf(text, len, "the runner's record of its replies is "
+		    "inconsistent at byte %llu", (unsigned long long)at);
+		return -1;
+	}
+	return fd != -1 ? send_ring(fd, rs, c0, c) : 0;
+}
+
 /* A proven resume the session cannot honour: the session is lost. */
 static int
 lose(struct session *s, const struct handover *h, int fd, const char *text)
@@ -412,7 +653,7 @@ resume_take(struct session *s)
 	uint8_t want[32], frame[sizeof(struct proto_rresume)], diff = 0;
 	char text[256];
 	uint64_t back;
-	size_t i, start;
+	size_t i;
 	int fd;
 
 	if (recv_fd(ctl_fd(s), &h, &fd) == -1) {
@@ -457,13 +698,8 @@ resume_take(struct session *s)
 		    (unsigned long long)rs->total);
 		return lose(s, &h, fd, text);
 	}
-	if ((back = rs->total - h.received) > rs->held) {
-		snprintf(text, sizeof(text), "the replies the client missed "
-		    "(%llu bytes) are no longer held: the runner keeps the "
-		    "last %zu (--resume-log)", (unsigned long long)back,
-		    rs->cap);
+	if (missed(rs, h.received, h.maxmsg, -1, text, sizeof(text)) == -1)
 		return lose(s, &h, fd, text);
-	}
 	if (s->fd != -1) {	/* the old link still stood: the proof wins */
 		log_info("session %u: closing its old connection for a resume",
 		    s->id);
@@ -474,6 +710,7 @@ resume_take(struct session *s)
 	slot_get((uint32_t)s->slot)->fd = fd;
 	s->inlen = s->inoff = 0;
 	s->linkdown = 0;
+	s->maxmsg = h.maxmsg;	/* the new connection's, from here on */
 	s->last_active = time(NULL);	/* the idle limit runs from here */
 	rs->resumes++;
 	memset(&r, 0, sizeof(r));
@@ -483,13 +720,10 @@ resume_take(struct session *s)
 	r.rresume.processed = s->nproc;
 	server_mac(rs, &h, r.rresume.mac);
 	proto_put(frame, sizeof(frame), &r);
-	/* The ring's bytes from received on: one or two pieces. */
-	start = (rs->head + rs->cap - (size_t)back) % rs->cap;
-	if (net_sendv_all(fd, frame, sizeof(frame), rs->ring + start,
-	    (size_t)min64(back, rs->cap - start)) == -1 ||
-	    (back > rs->cap - start && net_send_all(fd, rs->ring,
-	    (size_t)(back - (rs->cap - start))) == -1))
+	if (net_send_all(fd, frame, sizeof(frame)) == -1 ||
+	    missed(rs, h.received, h.maxmsg, fd, text, sizeof(text)) == -1)
 		s->linkdown = 1;	/* and the client may try again */
+	back = rs->total - h.received;
 	s->bytes_out += sizeof(frame) + back;
 	log_info("session %u: resumed from %s (resume %u): %llu requests "
 	    "processed, %llu bytes of replies sent again", s->id, h.peer,
@@ -504,6 +738,7 @@ resume_recv(struct session *s, void *buf, size_t len)
 	int tmo = s->ctx->cfg->frame_timeout > 0 ?
 	    s->ctx->cfg->frame_timeout * 1000 : -1;
 	struct pollfd p[2];
+	ssize_t r;
 	int n;
 
 	if (s->linkdown) {
@@ -513,6 +748,11 @@ resume_recv(struct session *s, void *buf, size_t len)
 	if (s->rs == NULL || ctl_fd(s) == -1)
 		return net_recv(s->fd, buf, len);
 	for (;;) {
+		/* What has arrived is taken without a poll: only a recv that
+		 * would block waits, watching the control socket too. */
+		if ((r = recv(s->fd, buf, len, MSG_DONTWAIT)) >= 0 ||
+		    (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			return r;
 		p[0].fd = s->fd;
 		p[1].fd = ctl_fd(s);
 		p[0].events = p[1].events = POLLIN;
@@ -534,10 +774,7 @@ resume_recv(struct session *s, void *buf, size_t len)
 				errno = ECONNRESET;
 				return -1;
 			}
-			if (p[0].revents == 0)
-				continue;
 		}
-		return net_recv(s->fd, buf, len);
 	}
 }
 
@@ -662,6 +899,7 @@ resume_request(struct session *s, const struct proto_tresume *t)
 	memcpy(h.snonce, s->snonce, sizeof(h.snonce));
 	h.sent = t->sent;
 	h.received = t->received;
+	h.maxmsg = s->maxmsg;
 	memcpy(h.cnonce, t->cnonce, sizeof(h.cnonce));
 	memcpy(h.mac, t->mac, sizeof(h.mac));
 	snprintf(h.peer, sizeof(h.peer), "%s", s->peer);
@@ -698,6 +936,8 @@ resume_free(struct session *s)
 {
 	if (s->rs == NULL)
 		return;
+	while (s->rs->nrefs > 0)
+		ref_drop(s, 0);
 	free(s->rs->ring);
 	free(s->rs);
 	s->rs = NULL;

@@ -392,6 +392,22 @@ do_ping(struct session *s, const union proto_msg *m, const uint8_t *data)
 	return sess_reply(s, &r, data, m->ping.count);
 }
 
+/* May this request change the contents of a buffer? Read-only requests are
+ * listed; anything else may. */
+static int
+changes_buffers(unsigned type)
+{
+	switch (type) {
+	case PROTO_TPING: case PROTO_TSYNC: case PROTO_TREAD:
+	case PROTO_TCLOCK: case PROTO_TPROFILE: case PROTO_THAVE:
+	case PROTO_TGRANT: case PROTO_TPEERSEND: case PROTO_TACK:
+	case PROTO_TLOAD: case PROTO_TUNLOAD: case PROTO_TGRAPH:
+	case PROTO_TGRAPHFREE: case PROTO_TALLOC: case PROTO_TRESUMEKEY:
+		return 0;
+	}
+	return 1;
+}
+
 /* Does the runner answer this request (so its client waits for it)? */
 static int
 answered(const struct proto_hdr *h)
@@ -431,6 +447,8 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	}
 	if (s->state == S_AUTH)
 		return sess_auth(s, m, peer) == -1 ? -2 : 0;
+	if (s->rread_refs > 0 && changes_buffers(m->h.type))
+		resume_keep(s);
 	switch (m->h.type) {
 	case PROTO_THELLO:
 		return sess_fatal(s, m->h.tag, PROTO_ESTATE, "Thello was "
@@ -492,6 +510,9 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 		break;
 	case PROTO_TRESUME:
 		rc = resume_request(s, &m->tresume);
+		break;
+	case PROTO_TACK:
+		rc = resume_ack(s, &m->tack);
 		break;
 	case PROTO_TGRANT:
 		rc = sess_grant(s, &m->tgrant);
@@ -589,6 +610,8 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 			continue;
 		}
 		if (m.h.type == PROTO_TWRITE) {
+			if (s->rread_refs > 0)
+				resume_keep(s);
 			s->inoff += fixed;
 			if (sess_write(s, &m.twrite) == -2) {
 				/* Cut off: it comes again whole. */

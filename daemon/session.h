@@ -97,6 +97,7 @@ struct session {
 	uint64_t cache_in, cache_stored;	/* bytes from and into it */
 
 	struct resume *rs;	/* resume.c: NULL unless the session took a key */
+	unsigned rread_refs;	/* Rreads it keeps by reference to a buffer */
 	uint64_t nproc;		/* requests processed since the handshake */
 	int linkdown;		/* the connection failed (resume.c may replace it) */
 	int handed;		/* a Tresume passed this connection on */
@@ -194,9 +195,15 @@ int resume_pollfd(const struct session *s);
 int resume_take(struct session *s);
 int resume_key(struct session *s, const struct proto_tresumekey *t);
 int resume_request(struct session *s, const struct proto_tresume *t);
-/* Send a then b (the output buffer, a large Rread's data), logging them
- * for a resume; a failed send marks the link down and, in a session that
- * may be resumed, is not an error. */
+/* Tack: the client received the stream up to t->received. */
+int resume_ack(struct session *s, const struct proto_tack *t);
+/* A request may change buffers: copy the Rread data the session still keeps
+ * by reference (s->rread_refs), since the client may yet miss it. */
+void resume_keep(struct session *s);
+/* Send a then b (the output buffer, then the data of an Rread of more than
+ * PROTO_RREAD_INLINE bytes, straight from its buffer), logging them for a
+ * resume; a failed send marks the link down and, in a session that may be
+ * resumed, is not an error. */
 int resume_send(struct session *s, const void *a, size_t alen, const void *b,
     size_t blen);
 /* recv() that also notices a resume arriving while the link stands. */

@@ -43,7 +43,7 @@ MEMBER = {P.RERROR: "rerror", P.THELLO: "thello", P.RHELLO: "rhello", P.TAUTH: "
           P.RLAUNCH: "rtime", P.TGRAPH: "tgraph", P.TGRAPHRUN: "tgraphrun", P.RGRAPHRUN: "rtime", P.TGRAPHFREE: "tgraphfree",
           P.TCLOCK: "sync", P.RCLOCK: "rclock", P.TPROFILE: "tprofile", P.RPROFILE: "rprofile",
           P.THAVE: "have", P.RHAVE: "have", P.TWRITEHASH: "twritehash", P.TRESUMEKEY: "tresumekey",
-          P.RRESUMEKEY: "rresumekey", P.TRESUME: "tresume", P.RRESUME: "rresume",
+          P.RRESUMEKEY: "rresumekey", P.TRESUME: "tresume", P.RRESUME: "rresume", P.TACK: "tack",
           P.TGRANT: "tgrant", P.RGRANT: "rgrant", P.TPEERSEND: "tpeersend", P.RPEERSEND: "rtime", P.TPEER: "tpeer", P.RPEER: "rpeer"}
 # C member path -> Python field name where they differ (the header already has a "size")
 RENAME = {("proto_talloc", "size"): "bufsize"}

@@ -18,7 +18,7 @@ def py_layouts() -> dict:
   return out
 
 def test_every_struct_has_a_python_layout():
-  assert len(STRUCTS) == 39 and set(STRUCTS) == set(py_layouts())
+  assert len(STRUCTS) == 40 and set(STRUCTS) == set(py_layouts())
 
 @pytest.mark.parametrize("struct", STRUCTS)
 def test_struct_layout(struct):
@@ -34,14 +34,14 @@ def test_fixed_sizes_and_request_types():
     assert lib.proto_fixed_size(t) == (P.MSGS[t].size if t in P.MSGS else 0), t
     assert lib.proto_is_request(t) == P.is_request(t), t
   assert lib.proto_fixed_size(0xffffffff) == 0 and lib.proto_fixed_size(65536 + P.TLOAD) == 0
-  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48]
+  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50]
 
 def test_constants():
   ffi, lib = build()
-  assert len(DEFINES) == 18 and len(ENUMS) == 11
+  assert len(DEFINES) == 20 and len(ENUMS) == 11
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 18 + 40 + 2 + 21 + 2 + 9 + 3 + 4 + 4 + 2 + 2 + 5
+  assert len(names) == 20 + 41 + 2 + 21 + 2 + 10 + 3 + 4 + 4 + 2 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
@@ -108,6 +108,7 @@ VECTORS = [
   (P.RRESUMEKEY, 0, 18, dict(grace=0x80000001, log=0x0102030405060708, secret=rb(32)), b""),
   (P.TRESUME, 0, 0, dict(session=0xfffffffe, sent=(1 << 64) - 1, received=0x1122334455667788, cnonce=rb(32), mac=rb(32)), b""),
   (P.RRESUME, 0, 0, dict(processed=0xa1a2a3a4a5a6a7a8, mac=rb(32)), b""),
+  (P.TACK, 0, 0xfffffff0, dict(received=0xf1f2f3f4f5f6f7f8), b""),
   (P.TGRANT, 0, 18, dict(handle=0xfffffff3, ttl=P.MAX_GRANT_TTL, offset=(1 << 63) + 1, count=0x0102030405060708), b""),
   (P.RGRANT, 0, 18, dict(grant=0xfedcba9800000001, secret=rb(32)), b""),
   (P.TPEERSEND, 0, 19, dict(handle=5, port=65535, hostlen=11, offset=0x1122334455667788, count=1 << 40, grant=0x0000000200000003,

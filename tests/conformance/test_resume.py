@@ -1,7 +1,7 @@
 """Tresumekey/Rresumekey and Tresume/Rresume: a session that survives a dropped link (protocol.md, Resuming a session)."""
 import hashlib, hmac, os, select, socket, struct, time
 import pytest
-from conformance.spec import P, Raw, section, fatal, ok, closed
+from conformance.spec import P, Raw, section, fatal, ok, closed, one_error
 
 CLIENT, SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
 
@@ -26,9 +26,9 @@ def start(target) -> tuple:
   c.ping()
   return c, k, 4, 72
 
-def tresume(target, session:int, secret:bytes, sent:int, received:int, tag:int=77):
-  """Tresume on a new connection (Thello, and Tauth if the runner asks); returns (connection, cnonce)."""
-  n = target.connect()
+def tresume(target, session:int, secret:bytes, sent:int, received:int, tag:int=77, maxmsg:int=P.DEFAULT_MAXMSG):
+  """Tresume on a new connection (Thello with maxmsg, and Tauth if the runner asks); returns (connection, cnonce)."""
+  n = target.connect(maxmsg=maxmsg)
   cn = os.urandom(32)
   mac = hmac.new(secret, CLIENT + n.info["nonce"] + cn + struct.pack("<IQQ", session, sent, received), hashlib.sha256).digest()
   n.send(P.pack(P.TRESUME, tag, session=session, sent=sent, received=received, cnonce=cn, mac=mac))
@@ -294,3 +294,166 @@ def test_tresumekey_off_then_the_session_ends_with_its_connection(target):
     time.sleep(0.05)
   n, _ = tresume(t, c.info["session"], os.urandom(32), 1, 56)
   fatal(n, P.ERESUME, 77)                                                     # it has ended
+
+# *** Tack, and the data of Rreads kept by reference (CAP_ACK)
+
+def acking(target):
+  resumable(target)
+  if not target.info["caps"] & P.CAP_ACK: pytest.skip("the runner does not offer CAP_ACK")
+
+def pattern(n:int, seed:int) -> bytes: return bytes((i * 7 + seed) & 0xff for i in range(n))
+
+def read_then(c, n:int, *then) -> tuple[int, int, int]:
+  """Buffer 2 of n bytes holding pattern(n, 1); a Tread of it whose reply the client reads, then the requests then builds, then a
+  round trip (all processed). Returns (requests sent, reply bytes of the Rread, reply bytes after it)."""
+  c.alloc(2, n)
+  c.write(2, 0, pattern(n, 1))
+  assert c.read(2, 0, n) == pattern(n, 1)
+  for f in then: f(c)
+  c.ping()
+  return 3 + len(then) + 1, 16 + n, 16
+
+def tack(c, received:int) -> int: return c.req(P.TACK, received=received)
+
+@section("Resuming a session", "Thello, Rhello")
+def test_cap_ack_comes_only_with_cap_resume(target):
+  if target.info["caps"] & P.CAP_ACK: assert target.info["caps"] & P.CAP_RESUME
+  off = target.with_options("--resume-grace", "0").connect()
+  assert not off.info["caps"] & (P.CAP_RESUME | P.CAP_ACK)
+
+@section("Resuming a session")
+def test_no_cap_ack_no_tack(target):
+  t = target.with_options("--resume-grace", "0")
+  c = t.connect()
+  tag = tack(c, 0)
+  fatal(c, P.EPROTO, tag)
+
+@section("Resuming a session")
+def test_rread_data_is_kept_by_reference_past_the_log(target):
+  """A missed Rread of 200,000 bytes goes again whole although --resume-log is 64 KiB: its data is kept by reference."""
+  t = target.with_options("--resume-log", "64K")
+  acking(t)
+  c, k, sent, received = start(t)
+  nreq, _, _ = read_then(c, 200_000)
+  c.close()
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + nreq, received)   # the client says it lost the Rread and the Rping
+  assert n.frame()[1]["processed"] == sent + nreq
+  rt, f, p = n.frame()
+  assert (rt, f["count"], p == pattern(200_000, 1)) == (P.RREAD, 200_000, True), (rt, f)
+  assert n.frame()[0] == P.RPING
+  ok(n)
+
+@section("Resuming a session")
+def test_rread_data_is_copied_before_a_request_changes_its_buffer(target):
+  """The Rread went out by reference; a Twrite then changed the buffer before any Tack: what goes again is what was read."""
+  t = target.with_options("--resume-log", "64K")
+  acking(t)
+  c, k, sent, received = start(t)
+  nreq, _, _ = read_then(c, 8192, lambda c: c.write(2, 0, pattern(8192, 2)))
+  c.close()
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + nreq, received)
+  assert n.frame()[1]["processed"] == sent + nreq
+  rt, f, p = n.frame()
+  assert (rt, p == pattern(8192, 1)) == (P.RREAD, True), (rt, f)
+  assert n.frame()[0] == P.RPING
+  assert n.read(2, 0, 8192) == pattern(8192, 2)
+
+@section("Resuming a session", "Error codes")
+@pytest.mark.parametrize("change", ["Twrite", "Tfree"])
+def test_rread_data_that_would_pass_the_log_is_let_go_when_its_buffer_changes(target, change):
+  t = target.with_options("--resume-log", "64K")
+  acking(t)
+  c, k, sent, received = start(t)
+  nreq, _, _ = read_then(c, 100_000, (lambda c: c.write(2, 0, pattern(100_000, 2))) if change == "Twrite" else (lambda c: c.req(P.TFREE, handle=2)))
+  c.close()
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + nreq, received)
+  assert "no longer held" in fatal(n, P.ERESUME, 77)
+  again, _ = tresume(t, c.info["session"], k["secret"], sent + nreq, received)
+  fatal(again, P.ERESUME, 77)                                                 # the session has ended
+
+@section("Resuming a session", "Error codes")
+def test_after_a_tack_the_data_is_let_go_and_a_resume_from_before_it_ends_the_session(target):
+  acking(target)
+  c, k, sent, received = start(target)
+  nreq, rread, after = read_then(c, 8192, lambda c: tack(c, received + 16 + 8192), lambda c: c.write(2, 0, pattern(8192, 2)))
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + nreq, received)   # before the Rread it acknowledged
+  assert "acknowledged" in fatal(n, P.ERESUME, 77)
+  again, _ = tresume(target, c.info["session"], k["secret"], sent + nreq, received + rread)
+  fatal(again, P.ERESUME, 77)                                                 # the session has ended
+
+@section("Resuming a session")
+def test_a_resume_from_the_tack_goes_on(target):
+  acking(target)
+  c, k, sent, received = start(target)
+  nreq, rread, after = read_then(c, 8192, lambda c: tack(c, received + 16 + 8192), lambda c: c.write(2, 0, pattern(8192, 2)))
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + nreq, received + rread)
+  assert n.frame()[1]["processed"] == sent + nreq
+  assert n.frame()[0] == P.RPING                                              # the reply after the Rread
+  assert n.read(2, 0, 8192) == pattern(8192, 2)
+
+@section("Resuming a session", "Error codes")
+def test_tack_beyond_what_was_sent_is_einval_and_one_not_above_the_last_changes_nothing(target, c):
+  acking(target)
+  key(c)
+  c.ping()                                                                    # the stream so far: 56 + 16 bytes
+  tag = tack(c, 56 + 16 + 1)
+  one_error(c, P.EINVAL, tag)
+  tack(c, 56)
+  tack(c, 56)
+  tack(c, 0)
+  ok(c)
+
+@section("Resuming a session")
+def test_tack_without_a_resume_key_changes_nothing(target, c):
+  acking(target)
+  tack(c, 1 << 60)
+  ok(c)
+
+@section("Resuming a session", "Error codes")
+def test_a_received_count_inside_a_frame_ends_the_session(target):
+  c, k, sent, received = start(target)
+  c.ping(b"12345678")                                                         # a 24-byte Rping
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + 1, received + 5)
+  assert "inside the frame" in fatal(n, P.ERESUME, 77)
+  again, _ = tresume(target, c.info["session"], k["secret"], sent + 1, received + 24)
+  fatal(again, P.ERESUME, 77)                                                 # the session has ended
+
+@section("Resuming a session", "Thello, Rhello")
+def test_a_resumed_session_holds_to_the_new_connections_smaller_maxmsg(target):
+  c, k, sent, received = start(target)                                        # maxmsg 64 MiB
+  c.alloc(2, 100_000)
+  c.ping()
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + 2, received + 16, maxmsg=65536)
+  assert n.frame()[0] == P.RRESUME
+  tag = n.req(P.TREAD, handle=2, offset=0, count=65536 - 16 + 1)              # one byte more than an Rread of 64 KiB carries
+  code, etag, _ = n.error()
+  assert (code, etag) == (P.ELIMIT, tag)
+  tag = n.req(P.TWRITE, bytes(65536 - 32 + 1), handle=2, offset=0, count=65536 - 32 + 1)
+  fatal(n, P.EPROTO, tag)                                                     # a frame above the new maxmsg
+
+@section("Resuming a session", "Thello, Rhello")
+def test_a_resumed_session_takes_the_new_connections_larger_maxmsg(target):
+  resumable(target)
+  c = target.connect(maxmsg=65536)
+  k = key(c)
+  c.alloc(2, 100_000)
+  c.ping()
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], 3, 56 + 16)
+  assert n.frame()[0] == P.RRESUME
+  n.write(2, 0, pattern(100_000, 3))                                          # a 100,032-byte frame: within the new maxmsg
+  assert n.read(2, 0, 100_000) == pattern(100_000, 3)
+
+@section("Resuming a session", "Error codes")
+def test_a_missed_reply_larger_than_the_new_maxmsg_ends_the_session(target):
+  c, k, sent, received = start(target)
+  nreq, _, _ = read_then(c, 100_000)
+  c.close()
+  n, _ = tresume(target, c.info["session"], k["secret"], sent + nreq, received, maxmsg=65536)
+  assert "maxmsg" in fatal(n, P.ERESUME, 77)
+  again, _ = tresume(target, c.info["session"], k["secret"], sent + nreq, received)
+  fatal(again, P.ERESUME, 77)                                                 # the session has ended

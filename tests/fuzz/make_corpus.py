@@ -128,6 +128,7 @@ def sessions() -> dict[str, bytes]:
     # the harness gives its session no control socket, so no CAP_RESUME: Tresumekey and Tresume end the connection (EPROTO)
     "resume_key": S().alloc(1, 8).req(P.TRESUMEKEY, mode=P.RESUME_ON).ping().bytes(),
     "resume": S().req(P.TRESUME, session=1, sent=0, received=0, cnonce=bytes(32), mac=bytes(32)).bytes(),
+    "ack": S().alloc(1, 8).req(P.TACK, received=0).ping().bytes(),
     "truncated_write": S().alloc(1, 64).bytes() + P.pack(P.TWRITE, 60, payload_len=64, handle=1, offset=0, count=64) + bytes(10),
   }
 
