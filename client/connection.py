@@ -19,7 +19,7 @@ Environment:
 from __future__ import annotations
 import dataclasses, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
-from .resume import Replay, resume, WINDOW
+from .resume import Replay, resume, WINDOW, COPY_RATE, COPY_MIN, COPY_MAX
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
@@ -85,7 +85,7 @@ _TLOAD = "Tload prog={} ({})"
 
 # Tlaunch is the hot path: one precompiled struct for header + launch record, one per (nbufs, nvals) for the arguments
 _TLAUNCH = struct.Struct("<IHHIIIHH3I3I")
-_HDR, _HDR_COUNT = struct.Struct("<IHHI"), struct.Struct("<IHHII")
+_HDR, _HDR_COUNT, _TACK = struct.Struct("<IHHI"), struct.Struct("<IHHII"), struct.Struct("<IHHIIQ")
 _ARGS: dict[tuple[int, int], struct.Struct] = {}
 def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
   if (st := _ARGS.get((nbufs, nvals))) is None: st = _ARGS[(nbufs, nvals)] = struct.Struct("<" + "IIQ" * nbufs + "q" * nvals)
@@ -161,8 +161,10 @@ class Runner:
                            P.cstr(f["features"]), self.maxmsg, bool(f["caps"] & P.CAP_UNIFIED))
     if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
     if f["caps"] & P.CAP_RESUME:  # the resume key, before anything a dropped link could lose (one round trip while connecting)
-      self._rs = Replay()
-      try: self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
+      self._rs, t = Replay(), time.perf_counter()
+      try:
+        self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
+        self._rs.copy_max = int(min(COPY_MAX, max(COPY_MIN, (time.perf_counter() - t) * COPY_RATE)))
       except RunnerError as e:
         if e.code in P.FATAL_ERRORS: raise
         self._rs = None   # e.g. ENOMEM for the runner's reply log: a session like any other, ended by a dropped link
@@ -212,10 +214,11 @@ class Runner:
     With a runner cache, large data goes by content (write_cached)."""
     mv, step = memoryview(data).cast("B"), self.maxmsg - P.MSGS[P.TWRITE].size
     if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
-    if self._rs is not None: step = min(step, WINDOW // 2)  # the resume log holds what is sent until the runner has it
-    for i in range(0, max(len(mv), 1), step):
-      c = mv[i:i+step]
-      self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
+    try:
+      for i in range(0, max(len(mv), 1), step):
+        c = mv[i:i+step]
+        self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
+    finally: self._release()
 
   def write_cached(self, h:int, offset:int, data, chunk:int=CACHE_CHUNK):
     """Write data by content: each chunk the runner holds goes as a Twritehash, each other one as a Twrite that the runner also keeps
@@ -224,12 +227,14 @@ class Runner:
     parts = [mv[i:i+chunk] for i in range(0, len(mv), chunk)]
     digests = [hashlib.sha256(c).digest() for c in parts]
     if (ask := [d for d in dict.fromkeys(digests) if d not in self._held]): self.have(ask)
-    for i, (c, d) in enumerate(zip(parts, digests)):
-      if d in self._held:
-        self._send(P.TWRITEHASH, ("Twritehash handle={} offset={} count={}", h, offset+i*chunk, len(c)), handle=h, offset=offset+i*chunk,
-                   count=len(c), hash=d)
-      else: self._send(P.TWRITE, ("Twrite handle={} offset={} count={}", h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h,
-                       offset=offset+i*chunk, count=len(c))
+    try:
+      for i, (c, d) in enumerate(zip(parts, digests)):
+        if d in self._held:
+          self._send(P.TWRITEHASH, ("Twritehash handle={} offset={} count={}", h, offset+i*chunk, len(c)), handle=h, offset=offset+i*chunk,
+                     count=len(c), hash=d)
+        else: self._send(P.TWRITE, ("Twrite handle={} offset={} count={}", h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h,
+                         offset=offset+i*chunk, count=len(c))
+    finally: self._release()
 
   def have(self, digests:list[bytes]) -> list[bool]:
     """Thave: which of these contents (SHA-256 digests) the runner holds. Those it holds stay available to this session."""
@@ -255,12 +260,16 @@ class Runner:
         raise
 
   def _read_resumable(self, h:int, offset:int, mv:memoryview):
-    """read() when the session may be resumed: the runner keeps only its last Rresumekey.log bytes of replies to send again, so
-    parts are a quarter of that and at most two are in flight (the pipe stays full; one round trip as before)."""
-    if self._rs.key is None: self.ping()   # learn the runner's reply log, once
+    """read() when the session may be resumed: at most two parts in flight (the pipe stays full; one round trip as before), each
+    acknowledged (Tack) once it arrived whole, so that the runner, which keeps an Rread's data by reference to the buffer to send it
+    again after a dropped link, lets go of it before anything can change the buffer. A runner without CAP_ACK keeps only its last
+    Rresumekey.log bytes of replies: there parts are a quarter of that."""
+    rs, step = self._rs, self.maxmsg - P.MSGS[P.RREAD].size
+    if not (ack := self.info.caps & P.CAP_ACK):
+      if rs.key is None: self.ping()   # learn the runner's reply log, once
+      step = min(step, max(4096, rs.key["log"] // 4))
     # settle the resume window first (an upload may have left it open): a window Rping must never be waited for behind an Rread in flight
-    if self._rs.ping is not None or self._rs.held > WINDOW: self.ping()
-    step = min(self.maxmsg - P.MSGS[P.RREAD].size, max(4096, self._rs.key["log"] // 4))
+    if rs.ping is not None or rs.held > WINDOW: self.ping()
     parts, tags = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)], []
     try:
       for k, c in enumerate(parts):
@@ -268,8 +277,10 @@ class Runner:
         if k == 0: continue
         if k > 1: self._rtmark = self._nreq  # its Tread goes out while earlier parts are in flight: no new round trip
         self._wait(tags[k-1], P.RREAD, parts[k-1])
+        if ack and len(parts[k-1]) > P.RREAD_INLINE: self._small(P.TACK, _TACK, "Tack", 0, rs.received)
       if len(parts) > 1: self._rtmark = self._nreq
       self._wait(tags[-1], P.RREAD, parts[-1])
+      if ack and len(parts[-1]) > P.RREAD_INLINE: self._small(P.TACK, _TACK, "Tack", 0, rs.received)  # rides with the next request
     except RunnerError as e:
       self._skip.update(t for t in tags if t != e.tag and t in self._sent)
       raise
@@ -277,8 +288,10 @@ class Runner:
   def load(self, prog:int, kind:int, name:str, data, nbufs:int, nvals:int, corearg:int=P.NO_CORE, entry:int=0, arch:int=0):
     nm, data = name.encode(), memoryview(data).cast("B")
     self._names[prog] = name
-    self._send(P.TLOAD, (_TLOAD, prog, name), 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
-               corearg=corearg, entry=entry, crc=P.crc32(data), namelen=len(nm), datalen=len(data))
+    try:
+      self._send(P.TLOAD, (_TLOAD, prog, name), 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
+                 corearg=corearg, entry=entry, crc=P.crc32(data), namelen=len(nm), datalen=len(data))
+    finally: self._release()
 
   def unload(self, prog:int):
     """Release program prog. One whose Tload failed (the error was raised already) holds nothing on the runner: no request is sent."""
@@ -386,7 +399,7 @@ class Runner:
   def _send(self, type:int, desc, flags:int=0, parts=(), **fields) -> int:
     """Queue a request (fixed part + payload parts); returns its tag. Large parts are sent at once, uncopied."""
     self._check(desc)
-    parts = [p if isinstance(p, (bytes, bytearray)) else memoryview(p).cast("B") for p in parts]
+    parts = [p if isinstance(p, bytes) else memoryview(p).cast("B") for p in parts]   # memoryviews other than of bytes: lent (_release)
     n = sum(_nbytes(p) for p in parts)
     if P.MSGS[type].size + n > self.maxmsg:
       raise RunnerError(self.addr, P.ELIMIT, f"a {P.MSGS[type].size + n}-byte frame is over this connection's maxmsg {self.maxmsg}", None,
@@ -405,8 +418,16 @@ class Runner:
     if self._rs is not None and self._rs.held > WINDOW: self._window()
     return tag
 
+  def _release(self):
+    """The calling method returns, and its caller may then change the memory it passed: the requests still in the resume log that point
+    into it are copied when that is cheaper than a round trip (Replay.copy_max), else the runner is asked to confirm them first."""
+    rs = self._rs
+    if rs is None or not rs.lent or self._dead is not None: return
+    if rs.lent > rs.copy_max: self._wait(self._small(P.TPING, _HDR_COUNT, "Tping (resume log)", 0), P.RPING, stash=True)
+    rs.own()
+
   def _window(self):
-    """The resume log passed WINDOW bytes: ask the runner how far it got with a Tping, and past twice that wait for its Rping."""
+    """The resume log passed WINDOW bytes of its own: ask the runner how far it got with a Tping, and past twice that wait for its Rping."""
     rs = self._rs
     if rs.ping is None:
       rs.ping = self._small(P.TPING, _HDR_COUNT, "Tping (resume window)", 0)

@@ -2,11 +2,15 @@
 
 When the runner offers CAP_RESUME, a Runner asks for the session's resume key as it connects (Tresumekey: one round trip, so that
 a link dropped in the first upload can be resumed too) and from then on keeps two counts and a log:
-  - every request handed to the socket, copied (the caller may reuse its memory), until a reply shows the runner processed it: a
-    reply or Rerror to request t means every request up to t was processed, since the runner takes them one at a time, in order.
-    When the log passes WINDOW bytes (a large upload with no reply to trim it) a Tping goes out without waiting; past twice that
-    the client waits for its Rping, so the log stays bounded and a large upload costs no extra round trip;
-  - the bytes of whole frames received since the handshake.
+  - every request handed to the socket, until a reply shows the runner processed it: a reply or Rerror to request t means every
+    request up to t was processed, since the runner takes them one at a time, in order. The log holds references, not copies: the
+    send buffers it hands over, immutable bytes, and the caller's own memory (a write's data) while the caller's call runs. Before
+    such a call returns, what of the caller's memory the runner may not have processed yet is copied if that is quicker than a round
+    trip, else the runner is asked to confirm it first (Runner._release): so a bulk upload costs no copy, and no pause but one round
+    trip at its end. A long burst of requests that wait for nothing (launches) gets a Tping when the log passes WINDOW bytes, and waits
+    for its Rping past twice that, so the log stays bounded;
+  - the bytes of whole frames received since the handshake. After a large Rread the client acknowledges them (Tack, with CAP_ACK),
+    so the runner, which keeps that data by reference to the buffer, never has to copy it.
 When the socket fails (an error or end of stream; a timeout is not a dropped link and still raises), resume() connects again with
 backoff, does the handshake (Thello, Tauth with the same token), proves it holds the key with Tresume, and on Rresume sends again
 the requests the runner had not processed; the runner sends again the reply bytes the client had not received. It raises
@@ -17,25 +21,40 @@ from __future__ import annotations
 import collections, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
 
-WINDOW = 16 << 20   # bytes of requests not known to be processed before a Tping asks how far the runner got
+WINDOW = 16 << 20   # bytes of copies and send buffers not known to be processed before a Tping asks how far the runner got
 LABEL_CLIENT, LABEL_SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
+# Copying the caller's memory that the runner has not confirmed costs about n / COPY_RATE seconds; waiting for the confirmation costs a
+# round trip. The log copies up to the bytes a round trip is worth (measured on the Tresumekey exchange), within these bounds.
+COPY_RATE, COPY_MIN, COPY_MAX = 4e9, 64 << 10, 64 << 20
 
 class Replay:
   """The requests sent since the last one known to be processed, and the counts a Tresume carries."""
   def __init__(self):
     self.key: dict|None = None   # the Rresumekey fields (secret, grace, log) once it arrived
     self.starts: collections.deque = collections.deque()  # (tag, stream offset of its first byte), per request not known processed
-    self.chunks: collections.deque = collections.deque()  # the request bytes handed to the socket, from stream offset base on
-    self.base = self.sent = self.held = 0   # sent: request bytes handed to the socket; held: bytes in chunks
+    self.chunks: collections.deque = collections.deque()  # [bytes-like, lent], the request bytes handed to the socket, from base on
+    self.base = self.sent = 0   # sent: request bytes handed to the socket
+    self.held = self.lent = 0   # bytes in chunks: the log's own, and the caller's memory (lent: valid only until its call returns)
     self.acked = 0      # requests known to be processed
     self.received = 0   # bytes of whole frames received
     self.ping: int|None = None  # the tag of the Tping sent to trim the log, until the runner has processed it
+    self.copy_max = COPY_MIN    # lent bytes Runner._release copies rather than wait a round trip for
 
   def log(self, bufs):
+    """bufs went to the socket: send buffers and immutable bytes are the log's own, other memoryviews the caller's."""
     for b in bufs:
-      if (n := b.nbytes if isinstance(b, memoryview) else len(b)):
-        self.chunks.append(bytes(b))
-        self.sent, self.held = self.sent + n, self.held + n
+      if not (n := b.nbytes if isinstance(b, memoryview) else len(b)): continue
+      lent = isinstance(b, memoryview) and not isinstance(b.obj, bytes)
+      self.chunks.append([b, lent])
+      self.sent += n
+      if lent: self.lent += n
+      else: self.held += n
+
+  def own(self):
+    """The caller takes its memory back: copy what of it the log still holds."""
+    for c in self.chunks:
+      if c[1]: c[0], c[1] = bytes(c[0]), False
+    self.held, self.lent = self.held + self.lent, 0
 
   def frame(self, t:int, size:int, tag:int, f:dict, pending:int):
     """A whole frame arrived: count it, and drop the requests it shows were processed. pending: bytes queued but not sent."""
@@ -50,13 +69,17 @@ class Replay:
     self.trim(min(st[0][1] if st else self.sent + pending, self.sent))
 
   def trim(self, to:int):
-    while self.chunks and self.base + len(self.chunks[0]) <= to:
-      c = self.chunks.popleft()
-      self.base, self.held = self.base + len(c), self.held - len(c)
+    while self.chunks and self.base + (n := _len(self.chunks[0][0])) <= to:
+      b, lent = self.chunks.popleft()
+      self.base += n
+      if lent: self.lent -= n
+      else: self.held -= n
     if self.chunks and self.base < to:
-      k = to - self.base
-      self.chunks[0] = memoryview(self.chunks[0])[k:]
-      self.base, self.held = to, self.held - k
+      k, c = to - self.base, self.chunks[0]
+      c[0] = memoryview(c[0])[k:]
+      self.base = to
+      if c[1]: self.lent -= k
+      else: self.held -= k
 
   def nsent(self) -> int:
     """Requests handed to the socket (the ones still queued in the send buffer start at or after self.sent)."""
@@ -72,7 +95,9 @@ class Replay:
     for _ in range(processed - self.acked): self.starts.popleft()
     self.acked = processed
     self.trim(min(self.starts[0][1], self.sent) if self.starts else self.sent)
-    return list(self.chunks)
+    return [c[0] for c in self.chunks]
+
+def _len(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
 
 def _exchange(r, frame:bytes, rtype:int, name:str) -> dict:
   """One request of the resume handshake on r.sock, and its reply; an Rerror is raised."""

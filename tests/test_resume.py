@@ -34,13 +34,17 @@ def step(x, y):
     opt.zero_grad()
     loss = ((x @ params[0] + params[1]).relu() @ params[2] + params[3]).sparse_categorical_crossentropy(y).backward()
     return loss.realize(*opt.schedule_step())
+big = None
+if (mib := int(__import__("os").environ.get("BIG_MIB", 0))):   # weights of that size, uploaded before training and checked after it
+  big = Tensor(np.random.default_rng(9).standard_normal(mib << 18, dtype=np.float32), device="REMOTE").realize()
 losses = [step(Tensor(X[i % 2::2], device="REMOTE"), Tensor(Y[i % 2::2], device="REMOTE")).item() for i in range(10)]
 w = params[0].numpy()   # a 1 MiB read at the end
-print(json.dumps({"losses": losses, "wsum": float(np.abs(w).sum()), "stats": Device["REMOTE"].runner.stats()}))
+print(json.dumps({"losses": losses, "wsum": float(np.abs(w).sum()), "big": None if big is None else big.abs().sum().item(),
+                  "stats": Device["REMOTE"].runner.stats()}))
 """
 
-def train(addr:str) -> dict:
-  r = run_python(TRAIN, env={"METAL_RUNNER": addr})
+def train(addr:str, big_mib:int=0) -> dict:
+  r = run_python(TRAIN, env={"METAL_RUNNER": addr, "BIG_MIB": str(big_mib)})
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -65,6 +69,22 @@ def test_training_run_survives_cuts(daemon_bin, iso):
   assert cut["losses"][-1] < cut["losses"][0]
   assert uncut["stats"]["resumes"] == 0 and cut["stats"]["resumes"] == 5, cut["stats"]
   assert log.count("resumed from") == 5, log[-4000:]
+
+@pytest.mark.slow   # 256 MiB of weights through a relay, twice
+@pytest.mark.cpu_only
+def test_training_run_cut_in_the_middle_of_a_256_mib_upload(daemon_bin):
+  """The bulk path: a 256 MiB upload goes as four 64 MiB Twrites straight from the caller's memory (the resume log refers to it); the
+  link drops half way through the third, the session resumes, and training and the weights end exactly as without the cut."""
+  r = RunnerProc("--isolation", "process")
+  try:
+    uncut = train(r.addr, 256)
+    with LinkCutter(r.addr) as lc:
+      lc.cut_in(up=P.TWRITE, min_size=32 << 20, skip=2)
+      cut = train(lc.addr, 256)
+      assert lc.pending() == 0 and lc.cuts == 1
+  finally: r.stop()
+  assert (cut["losses"], cut["wsum"], cut["big"]) == (uncut["losses"], uncut["wsum"], uncut["big"]), (cut, uncut)
+  assert uncut["stats"]["resumes"] == 0 and cut["stats"]["resumes"] == 1, cut["stats"]
 
 # *** a resume by hand, with raw frames
 
@@ -304,12 +324,34 @@ def test_a_large_upload_keeps_the_replay_log_bounded_and_survives_a_cut():
         peak[0] = max(peak[0], c._rs.held)
       c._rs.log = logged
       c.alloc(1, data.nbytes)
-      lc.cut_in(up=P.TWRITE, min_size=1 << 20, skip=3)   # in the middle of the fourth 8 MiB Twrite
+      lc.cut_in(up=P.TWRITE, min_size=1 << 20)   # in the middle of the 48 MiB Twrite (the log holds the caller's memory, not a copy)
       c.write(1, 0, data)
       out = np.empty_like(data)
       c.read(1, 0, out)
       assert (out == data).all() and c.stats()["resumes"] == 1 and lc.pending() == 0
       assert peak[0] <= 2 * WINDOW + WINDOW // 2 + 4096, peak[0]
+  finally: r.stop()
+
+@pytest.mark.parametrize("copy", [True, False], ids=["copied", "confirmed"])
+def test_memory_the_caller_changes_after_a_write_is_not_what_goes_again(copy):
+  """The resume log refers to the caller's memory while its call runs. Before write() returns, what the runner may not have processed is
+  copied (cheaper than a round trip: copy_max, set here to take each way) or confirmed by the runner: data the caller changes
+  afterwards never goes again in place of what it wrote. The cut lands in the middle of the Twrite, which fits the socket buffers,
+  so write() has handed all of it to the socket before the link drops."""
+  r = RunnerProc("--isolation", "thread")
+  size = 256 << 10
+  try:
+    with LinkCutter(r.addr) as lc, Runner(lc.addr) as c:
+      c._rs.copy_max = size if copy else 0
+      data = bytearray(np.random.default_rng(3).integers(0, 255, size, dtype=np.uint8).tobytes())
+      want = bytes(data)
+      c.alloc(1, size)
+      lc.cut_in(up=P.TWRITE, min_size=size)
+      c.write(1, 0, data)
+      data[:] = bytes(size)   # the caller reuses its memory
+      out = bytearray(size)
+      c.read(1, 0, out)
+      assert out == want and c.stats()["resumes"] == 1 and lc.pending() == 0
   finally: r.stop()
 
 def test_the_client_resumes_with_its_token(tmp_path):
