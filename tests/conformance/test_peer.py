@@ -318,3 +318,16 @@ def test_a_tpeer_is_read_under_the_handshake_deadline(target):
   t0 = time.monotonic()
   assert closed_socket(s, 8), "a peer connection that never finished its Tpeer stayed open"
   assert time.monotonic() - t0 < 6
+
+@section("Tpeer, Rpeer")
+def test_a_tpeer_of_count_0_runs_the_exchange_and_uses_the_grant_up(target, c):
+  c.alloc(1, 16); c.write(1, 0, b"\x33" * 16)
+  g, sec = grant(c, 1, 0, 16)
+  s, cn, (t, f, p) = peer(target.addr, g, sec, 0)
+  assert (t, f["count"], f["mac"]) == (P.RPEER, 0, P.peer_mac(sec, P.PEER_DST, g, 0, cn)), (t, f, p)
+  t, f, _ = frame(s)                                                        # no bytes to send: the second Rpeer follows at once
+  assert (t, f["count"], f["mac"]) == (P.RPEER, 0, P.peer_mac(sec, P.PEER_DONE, g, 0, cn)), (t, f)
+  assert closed_socket(s)
+  s, _, (t, f, p) = peer(target.addr, g, sec, 16)                           # used up
+  assert (t, f.get("code")) == (P.RERROR, P.EGRANT), (t, f, p)
+  assert c.read(1, 0, 16) == b"\x33" * 16
