@@ -1,7 +1,7 @@
 """Tresumekey/Rresumekey and Tresume/Rresume: a session that survives a dropped link (protocol.md, Resuming a session)."""
 import hashlib, hmac, os, select, socket, struct, time
 import pytest
-from conformance.spec import P, Raw, section, fatal, ok, closed
+from conformance.spec import P, Raw, section, fatal, ok, closed, client_mac
 
 CLIENT, SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
 
@@ -294,3 +294,36 @@ def test_tresumekey_off_then_the_session_ends_with_its_connection(target):
     time.sleep(0.05)
   n, _ = tresume(t, c.info["session"], os.urandom(32), 1, 56)
   fatal(n, P.ERESUME, 77)                                                     # it has ended
+
+def resume_frame(secret:bytes, snonce:bytes, session:int, sent:int, received:int, tag:int=77) -> bytes:
+  """A Tresume for a connection whose Rhello carried snonce."""
+  cn = os.urandom(32)
+  mac = hmac.new(secret, CLIENT + snonce + cn + struct.pack("<IQQ", session, sent, received), hashlib.sha256).digest()
+  return P.pack(P.TRESUME, tag, session=session, sent=sent, received=received, cnonce=cn, mac=mac)
+
+@section("Resuming a session", "Authentication")
+@pytest.mark.parametrize("auth", [False, True], ids=["thello", "tauth"])
+def test_a_resume_on_a_full_runner_is_refused_at_its_handshake(target, auth):
+  """A connection in its handshake holds no session place; one whose handshake found the runner full gets ELIMIT with the tag of
+  its Thello (or Tauth), never its Tresume's; once its handshake is done it holds a session place until its Tresume."""
+  if target.external: pytest.skip("needs a runner of its own started with --max-sessions 1")
+  with target.fresh("--max-sessions", "1", *(("--token-file", target.pool.token_file()) if auth else ())) as t:
+    late = Raw(t.addr, hello=auth)                   # accepted while the runner is empty; its handshake is not done
+    c, k, sent, received = start(t)                  # takes the only session place all the same
+    c.close()
+    o = retry_while_full(t.connect, "the session waiting for its client kept its session place")
+    if auth:
+      tag = 5
+      late.send(P.pack(P.TAUTH, tag, cnonce=(cn:=os.urandom(32)), mac=client_mac(t.token, late.info["nonce"], cn)) +
+                resume_frame(k["secret"], late.info["nonce"], c.info["session"], sent, received))
+    else: tag = late.req(P.THELLO, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG)
+    fatal(late, P.ELIMIT, tag)
+    o.close()
+    n = retry_while_full(t.connect, "the place of a closed session never came back")   # handshake done: n holds the place
+    refused_full(t)
+    n.send(resume_frame(k["secret"], n.info["nonce"], c.info["session"], sent, received))
+    ty, f, p = n.frame()
+    assert (ty, f["tag"], f.get("processed")) == (P.RRESUME, 77, sent), (ty, f, p)   # the refusal left the session as it was
+    assert n.read(1, 0, 16) == b"\5" * 16
+    refused_full(t)
+    key(n, P.RESUME_OFF)
