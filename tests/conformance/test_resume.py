@@ -327,3 +327,10 @@ def test_a_resume_on_a_full_runner_is_refused_at_its_handshake(target, auth):
     assert n.read(1, 0, 16) == b"\5" * 16
     refused_full(t)
     key(n, P.RESUME_OFF)
+
+@section("Resuming a session", "Error codes")
+def test_a_tresume_naming_its_own_connections_session_is_eresume(target):
+  resumable(target)
+  n = target.connect()
+  n.send(resume_frame(os.urandom(32), n.info["nonce"], n.info["session"], 0, 0))
+  fatal(n, P.ERESUME, 77)
