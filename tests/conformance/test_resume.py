@@ -334,3 +334,14 @@ def test_a_tresume_naming_its_own_connections_session_is_eresume(target):
   n = target.connect()
   n.send(resume_frame(os.urandom(32), n.info["nonce"], n.info["session"], 0, 0))
   fatal(n, P.ERESUME, 77)
+
+@section("Resuming a session", "Authentication")
+def test_a_wrong_resume_proof_is_answered_without_the_authentication_penalty(target):
+  t = target.authenticating()
+  c, k, sent, received = start(t)
+  t0 = time.monotonic()
+  for _ in range(3):                                                          # with the penalty: 3 s at least
+    n, _ = tresume(t, c.info["session"], os.urandom(32), sent, received)
+    fatal(n, P.EAUTH, 77)
+  assert time.monotonic() - t0 < 1.5, f"3 wrong resume proofs took {time.monotonic() - t0:.1f} s"
+  ok(c)
