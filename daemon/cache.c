@@ -423,6 +423,12 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 		close(fd);
 		goto fail;
 	}
+	/* Empty content is never held (protocol.md, Cache): this runner
+	 * stores none, and a file of it from elsewhere is not served. */
+	if (st.st_size == HDR) {
+		close(fd);
+		goto fail;
+	}
 	if (ps->n == ps->cap) {
 		size_t cap = ps->cap ? 2 * ps->cap : 64;
 		if ((np = realloc(ps->p, cap * sizeof(*np))) == NULL) {
@@ -517,7 +523,7 @@ cache_put_begin(uint64_t len)
 	static const uint8_t zero[HDR];
 	struct cache_put *pp;
 
-	if (C.dirfd == -1)
+	if (C.dirfd == -1 || len == 0)	/* empty content is never kept */
 		return NULL;
 	if (len + HDR > C.limit) {
 		log_info("cache: not storing %" PRIu64 " bytes: more than "

@@ -280,3 +280,15 @@ def test_the_least_recently_used_content_is_removed_first(target, tmp_path):
     store(t, more[-1])
     q = t.connect()
     assert have(q, [dx, dy] + [hashlib.sha256(m).digest() for m in more]) == [1, 0, 1, 1, 1, 1]
+
+@section("Cache")
+def test_empty_content_is_never_held(target):
+  t = cached(target)
+  empty = hashlib.sha256(b"").digest()
+  c = t.connect()
+  c.alloc(1, 16)
+  c.req(P.TWRITE, b"", P.FCACHE, handle=1, offset=16, count=0)     # a valid Twrite (offset = size, count 0): stores nothing
+  store(t, os.urandom(100))                                         # stored after it, by the same runner
+  assert have(c, [empty]) == [0]
+  tag = c.req(P.TWRITEHASH, handle=1, offset=0, count=0, hash=empty)
+  one_error(c, P.ENOTCACHED, tag)
