@@ -345,3 +345,23 @@ def test_a_wrong_resume_proof_is_answered_without_the_authentication_penalty(tar
     fatal(n, P.EAUTH, 77)
   assert time.monotonic() - t0 < 1.5, f"3 wrong resume proofs took {time.monotonic() - t0:.1f} s"
   ok(c)
+
+@section("Robustness rules", "Resuming a session")
+@pytest.mark.parametrize("idle", [None, 3], ids=["no-idle-timeout", "idle-timeout-3"])
+def test_the_frame_timeout_does_not_apply_between_the_frames_of_a_resumable_session(target, idle):
+  t = target.with_options("--frame-timeout", "1", *(("--idle-timeout", str(idle)) if idle else ()))
+  c, k, sent, received = start(t)
+  time.sleep(2)
+  assert c.ping(b"quiet") == b"quiet", "a quiet connection was closed by the frame timeout"
+  if idle:
+    t0 = time.monotonic()
+    assert closed(c, 8), "the idle resumable session's connection stayed open"
+    assert 2.5 <= time.monotonic() - t0 <= 5, f"closed after {time.monotonic() - t0:.1f} s of quiet with --idle-timeout {idle}"
+  else:
+    c.send(P.pack(P.TPING, 9, payload_len=8, count=8) + b"half")          # half a frame, then a stall
+    t0 = time.monotonic()
+    assert closed(c, 5) and time.monotonic() - t0 < 4, "a resumable session stalled mid-frame kept its connection"
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + 1, received + 21)   # a dropped link either way: resumed
+  ty, f, p = n.frame()
+  assert (ty, f.get("processed")) == (P.RRESUME, sent + 1), (ty, f, p)
+  key(n, P.RESUME_OFF)
