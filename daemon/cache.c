@@ -15,7 +15,10 @@
  *
  * A session keeps what Thave reported as held: it pins the file by holding
  * it open (struct cache_pins), so eviction by any process, which only
- * unlinks, cannot take it away before the session has used it.
+ * unlinks, cannot take it away before the session has used it. Pins are
+ * open files, so a process's budget of them is its open-file limit, less
+ * what it needs for sockets; the sessions that share one process (thread
+ * isolation) share it fairly, see cache_pin().
  *
  * The directory is bounded by --cache-size: when the bytes this runner
  * (all its processes, through a shared count) believes are stored pass it, the oldest files by modification time (a
@@ -71,10 +74,17 @@ static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned tmp_counter;
 /* A pin is an open file: this process's pins stay FD_RESERVE descriptors
  * short of its limit, so sessions (threads) always have some for their
- * sockets; past that Thave answers "not held" and the bytes are sent. */
+ * sockets; past that Thave answers "not held" and the bytes are sent.
+ * A pin is a promise to the session until it ends, never taken back, so
+ * one session must not take them all: of maxpins shared by nsessions
+ * sessions, each may always take share, and beyond its share borrow from
+ * the rest (lendable), first come first served. With process isolation a
+ * session's helper has a budget of its own (nsessions 1: share and lendable
+ * are half of it each). */
 #define FD_RESERVE 256
 static _Atomic long npins;
-static long maxpins;
+static _Atomic long nlent;	/* pins held beyond their session's share */
+static long maxpins, share, lendable;
 
 struct pin {
 	uint8_t hash[PROTO_HASH_SIZE];
@@ -272,7 +282,7 @@ done:
 }
 
 int
-cache_open(const char *dir, uint64_t limit, char *err)
+cache_open(const char *dir, uint64_t limit, uint32_t nsessions, char *err)
 {
 	struct rlimit rl;
 	char probe[64];
@@ -330,6 +340,12 @@ cache_open(const char *dir, uint64_t limit, char *err)
 		maxpins = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 1 << 20 ?
 		    1 << 20 : (long)rl.rlim_cur - FD_RESERVE;
 	}
+	if (maxpins < 0)
+		maxpins = 0;
+	if (nsessions == 0)
+		nsessions = 1;
+	share = maxpins / (2 * (long)nsessions);
+	lendable = maxpins - (long)nsessions * share;
 	snprintf(C.dir, sizeof(C.dir), "%s", dir);
 	C.limit = limit;
 	pthread_mutex_lock(&cache_lock);
@@ -337,6 +353,13 @@ cache_open(const char *dir, uint64_t limit, char *err)
 	pthread_mutex_unlock(&cache_lock);
 	log_info("cache: %s, %" PRIu64 " of %" PRIu64 " bytes used; SHA-256 "
 	    "on %s", dir, (uint64_t)atomic_load(C.approx), limit, sha256_impl());
+	if (nsessions == 1)
+		log_info("cache: a session pins at most %ld contents (open "
+		    "files)", maxpins);
+	else
+		log_info("cache: %u sessions share %ld pins (open files): %ld "
+		    "each, and %ld lent to those that want more", nsessions,
+		    maxpins, share, lendable);
 	return 0;
 }
 
@@ -362,6 +385,8 @@ cache_pins_free(struct cache_pins *ps)
 	for (i = 0; i < ps->n; i++)
 		close(ps->p[i].fd);
 	atomic_fetch_sub(&npins, (long)ps->n);
+	if ((long)ps->n > share)
+		atomic_fetch_sub(&nlent, (long)ps->n - share);
 	free(ps->p);
 	free(ps);
 }
@@ -381,6 +406,8 @@ static void
 unpin(struct cache_pins *ps, struct pin *p)
 {
 	atomic_fetch_sub(&npins, 1);
+	if ((long)ps->n > share)
+		atomic_fetch_sub(&nlent, 1);
 	close(p->fd);
 	*p = ps->p[--ps->n];
 }
@@ -392,7 +419,7 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 	uint8_t hdr[HDR];
 	struct stat st;
 	struct pin *np;
-	int fd;
+	int fd, lent;
 
 	if (C.dirfd == -1)
 		return 0;
@@ -400,10 +427,15 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 		return 1;
 	if (ps->n >= PROTO_CACHE_PINS)
 		return 0;	/* the client sends the data instead */
-	if (atomic_fetch_add(&npins, 1) >= maxpins) {
-		atomic_fetch_sub(&npins, 1);
+	/* Within its share a session takes a pin whatever the others hold;
+	 * beyond it, only while there are pins to lend. */
+	if ((lent = (long)ps->n >= share) &&
+	    atomic_fetch_add(&nlent, 1) >= lendable) {
+		atomic_fetch_sub(&nlent, 1);
 		return 0;
 	}
+	if (atomic_fetch_add(&npins, 1) >= maxpins)
+		goto fail;
 	hexname(hash, name);
 	if ((fd = openat(C.dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)) ==
 	    -1) {
@@ -420,6 +452,12 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 	    get_u64(hdr + 8) != (uint64_t)st.st_size - HDR ||
 	    memcmp(hdr + 16, hash, PROTO_HASH_SIZE) != 0) {
 		drop(fd, name, "has a bad header or length (truncated?)");
+		close(fd);
+		goto fail;
+	}
+	/* Empty content is never held (protocol.md, Cache): this runner
+	 * stores none, and a file of it from elsewhere is not served. */
+	if (st.st_size == HDR) {
 		close(fd);
 		goto fail;
 	}
@@ -440,6 +478,8 @@ cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE])
 	return 1;
 fail:
 	atomic_fetch_sub(&npins, 1);
+	if (lent)
+		atomic_fetch_sub(&nlent, 1);
 	return 0;
 }
 
@@ -517,7 +557,7 @@ cache_put_begin(uint64_t len)
 	static const uint8_t zero[HDR];
 	struct cache_put *pp;
 
-	if (C.dirfd == -1)
+	if (C.dirfd == -1 || len == 0)	/* empty content is never kept */
 		return NULL;
 	if (len + HDR > C.limit) {
 		log_info("cache: not storing %" PRIu64 " bytes: more than "

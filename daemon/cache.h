@@ -18,8 +18,11 @@
 
 /* cache.c: the store. */
 /* At start, before any session: use dir (created if missing) bounded to
- * limit bytes; -1 with a message if it cannot be written (no cache). */
-int cache_open(const char *dir, uint64_t limit, char *err);
+ * limit bytes; -1 with a message if it cannot be written (no cache).
+ * nsessions: how many sessions share this process's open files, and so
+ * its pins (thread isolation: --max-sessions; process isolation: 1). */
+int cache_open(const char *dir, uint64_t limit, uint32_t nsessions,
+    char *err);
 int cache_enabled(void);
 /* What one session was told it may rely on (Thave): open files. */
 struct cache_pins *cache_pins_new(void);

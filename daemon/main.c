@@ -245,14 +245,15 @@ main(int argc, char **argv)
 	struct listen_arg la = { NULL, NULL, 0, 0 };
 	char err[512];
 	uint64_t v;
-	int c, n, rc, unauth = 0;
+	int c, n, rc, li, unauth = 0;
 	const char *token_path = NULL;
 	uint8_t *token = NULL;
 
 	mr_config_defaults(&cfg);
 	cfg.on_listen = on_listen;
 	cfg.on_listen_arg = &la;
-	while ((c = getopt_long(argc, argv, "H:p:b:d:vhV", opts, NULL)) != -1) {
+	while ((li = -1, c = getopt_long(argc, argv, "H:p:b:d:vhV", opts,
+	    &li)) != -1) {
 		switch (c) {
 		case 'H':
 			cfg.host = optarg;
@@ -428,7 +429,13 @@ main(int argc, char **argv)
 	free(token);
 	return rc;
 bad:
-	fprintf(stderr, "metal_runner: bad value for %s: %s\n",
-	    argv[optind - 1], optarg);
+	/* Name the option as the user wrote it: argv[optind - 1] is its
+	 * value when that came as an argument of its own. */
+	if (li >= 0)
+		fprintf(stderr, "metal_runner: bad value for --%s: %s\n",
+		    opts[li].name, optarg);
+	else
+		fprintf(stderr, "metal_runner: bad value for -%c: %s\n", c,
+		    optarg);
 	return 2;
 }

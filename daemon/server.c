@@ -345,7 +345,8 @@ serve(const struct mr_config *cfg)
 	/* A cache that cannot work is no reason not to serve: said once
 	 * here, and CAP_CACHE is not offered. */
 	if (cfg->cache_dir != NULL && !cache_enabled() &&
-	    cache_open(cfg->cache_dir, cfg->cache_size, err) == -1)
+	    cache_open(cfg->cache_dir, cfg->cache_size, iso ==
+	    BE_ISOLATE_PROCESS ? 1 : cfg->max_sessions, err) == -1)
 		log_warn("cache: %s; running without the cache", err);
 	/* By default a burst of as many clients as there may be sessions can
 	 * all be in their handshake, and a few more. */

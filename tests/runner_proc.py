@@ -1,6 +1,6 @@
 """Start and stop metal_runner daemons for tests: loopback only, ephemeral ports, stopped by pid."""
 from __future__ import annotations
-import contextlib, os, pathlib, signal, subprocess, threading, time
+import contextlib, os, pathlib, resource, signal, subprocess, threading, time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DAEMON = ROOT / "daemon" / "metal_runner"
@@ -12,10 +12,12 @@ def build() -> pathlib.Path:
   return DAEMON
 
 class RunnerProc:
-  def __init__(self, *args:str, binary:pathlib.Path|None=None, env:dict[str, str]|None=None):
+  def __init__(self, *args:str, binary:pathlib.Path|None=None, env:dict[str, str]|None=None, nofile:int|None=None):
+    """nofile: start the runner with that open-file limit, soft and hard (it cannot raise it)."""
     self.argv = [str(binary or build()), "--host", "127.0.0.1", "--port", "0", *args]
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
     self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, **env} if env else None)
+                                 env={**os.environ, **env} if env else None, preexec_fn=limit)
     line = self.proc.stdout.readline()
     if not line.startswith("listening on "):
       self.stop()

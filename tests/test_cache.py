@@ -313,3 +313,14 @@ def test_disk_full_keeps_serving(tmp_path):
       assert out == datas[0] and MB < st["bytes_sent"] < 8 * MB
     finally: r.stop()
   finally: subprocess.run(["umount", str(d)])
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_empty_content_is_not_served_even_from_a_good_file(tmp_path, iso):
+  # protocol.md, Cache: empty content is never held. This runner never stores it; a file for it (left by another program
+  # sharing the directory) is whole and hashes right, and still Rhave answers 0
+  r = cache_runner(tmp_path, "--isolation", iso)
+  try:
+    d = forge(tmp_path / "cache", b"", b"")
+    with Runner(r.addr) as rn:
+      assert rn.have([d]) == [False]
+  finally: r.stop()

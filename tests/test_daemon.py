@@ -137,3 +137,14 @@ def test_kernel_timeout_with_thread_isolation_says_it_has_no_effect():
     r.wait_log("--kernel-timeout has no effect with thread isolation (the cpu backend): a session thread cannot be stopped")
   with runner("--kernel-timeout", "3") as r:
     assert "--kernel-timeout" not in r.log_text()
+
+def test_a_resume_log_outside_64k_to_4g_is_refused_at_start_up():
+  """protocol.md, Limits: --resume-log is 64 KiB to 4 GiB; a value outside is not clamped, the runner does not start."""
+  import subprocess
+  from runner_proc import build
+  for v in ("0", "65535", "63K", "4294967297", "5G"):
+    p = subprocess.run([str(build()), "--host", "127.0.0.1", "--port", "0", "--resume-log", v], capture_output=True, text=True, timeout=10)
+    assert (p.returncode, p.stdout) == (2, ""), (v, p.returncode, p.stdout, p.stderr)
+    assert f"bad value for --resume-log: {v}" in p.stderr, p.stderr
+  for v in ("64K", "4G"):   # the bounds themselves are accepted
+    with runner("--resume-log", v) as r: assert Raw(r.addr).ping(b"up") == b"up"

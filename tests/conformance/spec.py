@@ -84,11 +84,11 @@ class Target:
     return self.pool.get(self.isolation, opts)
 
   @contextlib.contextmanager
-  def fresh(self, *opts:str):
-    """A runner of this case's own (nothing else connects to it), started with opts."""
+  def fresh(self, *opts:str, nofile:int|None=None):
+    """A runner of this case's own (nothing else connects to it), started with opts (and an open-file limit of nofile)."""
     if self.pool is None: pytest.skip(f"needs a runner of its own{' started with ' + ' '.join(opts) if opts else ''}; "
                                       "--runner names one already running")
-    t, stop = self.pool.start(self.isolation, opts)
+    t, stop = self.pool.start(self.isolation, opts, nofile)
     try: yield t
     finally: stop()
 
@@ -118,10 +118,10 @@ class Pool:
     p.write_bytes(TOKEN + b"\n")  # a trailing newline is not part of the token (Authentication)
     return str(p)
 
-  def start(self, isolation:str, opts:tuple[str, ...]):
+  def start(self, isolation:str, opts:tuple[str, ...], nofile:int|None=None):
     from runner_proc import RunnerProc
     args = ("--backend", "cpu", "--isolation", isolation, *opts)
-    try: r = RunnerProc(*args)
+    try: r = RunnerProc(*args, nofile=nofile)
     except (RuntimeError, subprocess.CalledProcessError, OSError) as e: pytest.fail(f"cannot start metal_runner {' '.join(args)}: {e}")
     token = TOKEN if "--token-file" in opts else None
     return Target(r.addr, token, isolation, self), r.stop

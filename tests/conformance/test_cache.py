@@ -280,3 +280,36 @@ def test_the_least_recently_used_content_is_removed_first(target, tmp_path):
     store(t, more[-1])
     q = t.connect()
     assert have(q, [dx, dy] + [hashlib.sha256(m).digest() for m in more]) == [1, 0, 1, 1, 1, 1]
+
+@section("Cache")
+def test_empty_content_is_never_held(target):
+  t = cached(target)
+  empty = hashlib.sha256(b"").digest()
+  c = t.connect()
+  c.alloc(1, 16)
+  c.req(P.TWRITE, b"", P.FCACHE, handle=1, offset=16, count=0)     # a valid Twrite (offset = size, count 0): stores nothing
+  store(t, os.urandom(100))                                         # stored after it, by the same runner
+  assert have(c, [empty]) == [0]
+  tag = c.req(P.TWRITEHASH, handle=1, offset=0, count=0, hash=empty)
+  one_error(c, P.ENOTCACHED, tag)
+
+@section("Cache", "Limits")
+def test_sessions_share_a_small_open_file_budget_fairly(target, tmp_path):
+  """With an open-file limit of 512 the runner's pins are 256: a session's own (process isolation), or shared by --max-sessions 3
+  sessions (thread isolation), of which each may always take 256 // 6 = 42 and the first to want more takes the other 130 too."""
+  if target.external: pytest.skip("needs a runner of its own started with a small open-file limit")
+  budget, n = 512 - 256, 300
+  sessions = 1 if target.isolation == "process" else 3
+  share = budget // (2 * sessions)
+  want = [budget] * 3 if sessions == 1 else [budget - 2 * share, share, share]
+  contents = [os.urandom(16) for _ in range(n)]
+  digests = [hashlib.sha256(x).digest() for x in contents]
+  with target.fresh("--cache-dir", str(tmp_path), "--max-sessions", "3", nofile=512) as t:
+    a = t.connect()
+    a.alloc(1, 16)
+    a.send(b"".join(P.pack(P.TWRITE, 1000 + i, P.FCACHE, payload_len=16, handle=1, offset=0, count=16) + x for i, x in enumerate(contents)))
+    held = [have(a, digests)]                     # a session's stores come before its Thave: all n are stored by now
+    b, c = t.connect(), t.connect()
+    held += [have(b, digests), have(c, digests)]
+    assert [sum(h) for h in held] == want, f"pins of 3 sessions, {sessions} to a budget of {budget}"
+    assert all(h == [1] * sum(h) + [0] * (n - sum(h)) for h in held)

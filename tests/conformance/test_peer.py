@@ -1,6 +1,7 @@
 """Tgrant, Tpeersend, Tpeer: copies between runners. The cases use two sessions of the runner under test (a source and a destination
 session may be on the same runner), and this suite itself as a peer, speaking Tpeer."""
 import os, socket, struct, threading, time
+import pytest
 from conformance.spec import P, section, ok
 
 def grant(c, h:int, offset:int, count:int, ttl:int=60) -> tuple[int, bytes]:
@@ -318,3 +319,37 @@ def test_a_tpeer_is_read_under_the_handshake_deadline(target):
   t0 = time.monotonic()
   assert closed_socket(s, 8), "a peer connection that never finished its Tpeer stayed open"
   assert time.monotonic() - t0 < 6
+
+@section("Tpeer, Rpeer")
+def test_a_tpeer_of_count_0_runs_the_exchange_and_uses_the_grant_up(target, c):
+  c.alloc(1, 16); c.write(1, 0, b"\x33" * 16)
+  g, sec = grant(c, 1, 0, 16)
+  s, cn, (t, f, p) = peer(target.addr, g, sec, 0)
+  assert (t, f["count"], f["mac"]) == (P.RPEER, 0, P.peer_mac(sec, P.PEER_DST, g, 0, cn)), (t, f, p)
+  t, f, _ = frame(s)                                                        # no bytes to send: the second Rpeer follows at once
+  assert (t, f["count"], f["mac"]) == (P.RPEER, 0, P.peer_mac(sec, P.PEER_DONE, g, 0, cn)), (t, f)
+  assert closed_socket(s)
+  s, _, (t, f, p) = peer(target.addr, g, sec, 16)                           # used up
+  assert (t, f.get("code")) == (P.RERROR, P.EGRANT), (t, f, p)
+  assert c.read(1, 0, 16) == b"\x33" * 16
+
+@section("Tpeer, Rpeer")
+@pytest.mark.parametrize("sent", [0, 20], ids=["before-any-byte", "mid-transfer"])
+def test_a_stalled_peer_is_closed_without_an_rerror(target, sent):
+  t = target.with_options("--frame-timeout", "2")
+  c = t.connect()
+  c.alloc(1, 64); c.write(1, 0, bytes(64))
+  g, sec = grant(c, 1, 0, 64)
+  s, _, (ty, f, p) = peer(t.addr, g, sec, 64)
+  assert ty == P.RPEER, (ty, f, p)
+  s.sendall(b"\x66" * sent)
+  s.settimeout(8)
+  got = b""
+  try:
+    while (x := s.recv(4096)): got += x
+  except ConnectionResetError: pass
+  except TimeoutError: pytest.fail("a stalled peer connection stayed open")
+  assert got == b"", f"a stalled peer got {got[:64]!r} before the close"
+  assert c.read(1, 0, 64) == b"\x66" * sent + bytes(64 - sent)
+  s, _, (ty, f, p) = peer(t.addr, g, sec, 64)                               # used up
+  assert (ty, f.get("code")) == (P.RERROR, P.EGRANT), (ty, f, p)

@@ -216,3 +216,16 @@ def test_a_full_profile_counts_what_it_did_not_keep(c):
   assert recs[-1]["tag"] == 1000 + P.PROFILE_RECORDS - 1   # the oldest are kept; later work is done but not recorded
   f, _ = profile(c)
   assert (f["count"], f["lost"]) == (0, 0)   # lost counts since the previous Rprofile
+
+@section("Tprofile, Rprofile")
+def test_left_and_cap_are_those_after_the_mode_is_applied(c):
+  c.alloc(1, 16); c.alloc(2, 16)
+  f, _ = profile(c, P.PROFILE_ON, 0)              # turns it on: cap already counts
+  assert (f["count"], f["left"], f["cap"]) == (0, 0, P.PROFILE_RECORDS), f
+  c.send(copies(c, 3))
+  f, _ = profile(c, P.PROFILE_ON, 1)
+  assert (f["count"], f["left"], f["cap"]) == (1, 2, P.PROFILE_RECORDS), f
+  f, recs = profile(c, P.PROFILE_OFF, 1)          # one returned, one discarded: neither is left, and the cap is gone
+  assert (f["count"], f["left"], f["cap"], recs[0]["tag"]) == (1, 0, 0, 1001), f
+  f, _ = profile(c, P.PROFILE_OFF, 1)
+  assert (f["count"], f["left"], f["cap"]) == (0, 0, 0), f

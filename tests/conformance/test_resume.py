@@ -1,7 +1,7 @@
 """Tresumekey/Rresumekey and Tresume/Rresume: a session that survives a dropped link (protocol.md, Resuming a session)."""
 import hashlib, hmac, os, select, socket, struct, time
 import pytest
-from conformance.spec import P, Raw, section, fatal, ok, closed, one_error
+from conformance.spec import P, Raw, section, fatal, ok, closed, one_error, client_mac
 
 CLIENT, SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
 
@@ -457,3 +457,74 @@ def test_a_missed_reply_larger_than_the_new_maxmsg_ends_the_session(target):
   assert "maxmsg" in fatal(n, P.ERESUME, 77)
   again, _ = tresume(target, c.info["session"], k["secret"], sent + nreq, received)
   fatal(again, P.ERESUME, 77)                                                 # the session has ended
+
+def resume_frame(secret:bytes, snonce:bytes, session:int, sent:int, received:int, tag:int=77) -> bytes:
+  """A Tresume for a connection whose Rhello carried snonce."""
+  cn = os.urandom(32)
+  mac = hmac.new(secret, CLIENT + snonce + cn + struct.pack("<IQQ", session, sent, received), hashlib.sha256).digest()
+  return P.pack(P.TRESUME, tag, session=session, sent=sent, received=received, cnonce=cn, mac=mac)
+
+@section("Resuming a session", "Authentication")
+@pytest.mark.parametrize("auth", [False, True], ids=["thello", "tauth"])
+def test_a_resume_on_a_full_runner_is_refused_at_its_handshake(target, auth):
+  """A connection in its handshake holds no session place; one whose handshake found the runner full gets ELIMIT with the tag of
+  its Thello (or Tauth), never its Tresume's; once its handshake is done it holds a session place until its Tresume."""
+  if target.external: pytest.skip("needs a runner of its own started with --max-sessions 1")
+  with target.fresh("--max-sessions", "1", *(("--token-file", target.pool.token_file()) if auth else ())) as t:
+    late = Raw(t.addr, hello=auth)                   # accepted while the runner is empty; its handshake is not done
+    c, k, sent, received = retry_while_full(lambda: start(t), "a session place never came back")   # takes the only one all the same
+    c.close()
+    o = retry_while_full(t.connect, "the session waiting for its client kept its session place")
+    if auth:
+      tag = 5
+      late.send(P.pack(P.TAUTH, tag, cnonce=(cn:=os.urandom(32)), mac=client_mac(t.token, late.info["nonce"], cn)) +
+                resume_frame(k["secret"], late.info["nonce"], c.info["session"], sent, received))
+    else: tag = late.req(P.THELLO, magic=P.MAGIC, version=1, maxmsg=P.DEFAULT_MAXMSG)
+    fatal(late, P.ELIMIT, tag)
+    o.close()
+    n = retry_while_full(t.connect, "the place of a closed session never came back")   # handshake done: n holds the place
+    refused_full(t)
+    n.send(resume_frame(k["secret"], n.info["nonce"], c.info["session"], sent, received))
+    ty, f, p = n.frame()
+    assert (ty, f["tag"], f.get("processed")) == (P.RRESUME, 77, sent), (ty, f, p)   # the refusal left the session as it was
+    assert n.read(1, 0, 16) == b"\5" * 16
+    refused_full(t)
+    key(n, P.RESUME_OFF)
+
+@section("Resuming a session", "Error codes")
+def test_a_tresume_naming_its_own_connections_session_is_eresume(target):
+  resumable(target)
+  n = target.connect()
+  n.send(resume_frame(os.urandom(32), n.info["nonce"], n.info["session"], 0, 0))
+  fatal(n, P.ERESUME, 77)
+
+@section("Resuming a session", "Authentication")
+def test_a_wrong_resume_proof_is_answered_without_the_authentication_penalty(target):
+  t = target.authenticating()
+  c, k, sent, received = start(t)
+  t0 = time.monotonic()
+  for _ in range(3):                                                          # with the penalty: 3 s at least
+    n, _ = tresume(t, c.info["session"], os.urandom(32), sent, received)
+    fatal(n, P.EAUTH, 77)
+  assert time.monotonic() - t0 < 1.5, f"3 wrong resume proofs took {time.monotonic() - t0:.1f} s"
+  ok(c)
+
+@section("Robustness rules", "Resuming a session")
+@pytest.mark.parametrize("idle", [None, 3], ids=["no-idle-timeout", "idle-timeout-3"])
+def test_the_frame_timeout_does_not_apply_between_the_frames_of_a_resumable_session(target, idle):
+  t = target.with_options("--frame-timeout", "1", *(("--idle-timeout", str(idle)) if idle else ()))
+  c, k, sent, received = start(t)
+  time.sleep(2)
+  assert c.ping(b"quiet") == b"quiet", "a quiet connection was closed by the frame timeout"
+  if idle:
+    t0 = time.monotonic()
+    assert closed(c, 8), "the idle resumable session's connection stayed open"
+    assert 2.5 <= time.monotonic() - t0 <= 5, f"closed after {time.monotonic() - t0:.1f} s of quiet with --idle-timeout {idle}"
+  else:
+    c.send(P.pack(P.TPING, 9, payload_len=8, count=8) + b"half")          # half a frame, then a stall
+    t0 = time.monotonic()
+    assert closed(c, 5) and time.monotonic() - t0 < 4, "a resumable session stalled mid-frame kept its connection"
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + 1, received + 21)   # a dropped link either way: resumed
+  ty, f, p = n.frame()
+  assert (ty, f.get("processed")) == (P.RRESUME, sent + 1), (ty, f, p)
+  key(n, P.RESUME_OFF)

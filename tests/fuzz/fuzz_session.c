@@ -193,7 +193,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	    tmp != NULL && *tmp != '\0' ? tmp : "/tmp");
 	if (be_null.open(&info, NULL, err) == -1 ||
 	    mr_mem_init(1, info.memory) == -1 || mkdtemp(dir) == NULL ||
-	    cache_open(dir, 8 << 20, err) == -1) {
+	    cache_open(dir, 8 << 20, 1, err) == -1) {
 		fprintf(stderr, "fuzz_session: cannot set up\n");
 		abort();
 	}
