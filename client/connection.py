@@ -443,7 +443,9 @@ class Runner:
 
   def _sendv(self, bufs, desc):
     self._out = bytearray()
-    if self._rs is not None: self._rs.log(bufs)
+    if self._rs is not None:
+      if len(bufs) == 1: self._rs.sent_own(bufs[0])
+      else: self._rs.log(bufs)
     try:
       if len(bufs) == 1:  # the usual flush: one buffer of queued requests
         self.sock.sendall(bufs[0])

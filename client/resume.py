@@ -56,12 +56,24 @@ class Replay:
       if c[1]: c[0], c[1] = bytes(c[0]), False
     self.held, self.lent = self.held + self.lent, 0
 
+  def sent_own(self, b:bytearray):
+    """log([b]) for the usual flush: one send buffer, the log's own."""
+    self.chunks.append([b, False])
+    self.sent += (n := len(b))
+    self.held += n
+
   def frame(self, t:int, size:int, tag:int, f:dict, pending:int):
     """A whole frame arrived: count it, and drop the requests it shows were processed. pending: bytes queued but not sent."""
     self.received += size
     if t == P.RRESUMEKEY and f.get("grace"): self.key = f
-    if tag == self.ping: self.ping = None   # also when a resume already dropped its request (sent again by the runner, processed before)
     st = self.starts
+    if st and not pending and tag == st[-1][0]:   # the usual wait: the reply to the newest request, nothing queued behind it
+      self.acked += len(st)
+      st.clear()
+      self.chunks.clear()
+      self.base, self.held, self.lent, self.ping = self.sent, 0, 0, None
+      return
+    if tag == self.ping: self.ping = None   # also when a resume already dropped its request (sent again by the runner, processed before)
     if not st or (i := (tag - st[0][0]) & 0xffffffff) >= len(st): return
     if self.ping is not None and (self.ping - st[0][0]) & 0xffffffff <= i: self.ping = None
     for _ in range(i + 1): st.popleft()
