@@ -218,7 +218,10 @@ class Runner:
       for i in range(0, max(len(mv), 1), step):
         c = mv[i:i+step]
         self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
-    finally: self._release()
+    except BaseException:
+      self._release(failed=True)
+      raise
+    self._release()
 
   def write_cached(self, h:int, offset:int, data, chunk:int=CACHE_CHUNK):
     """Write data by content: each chunk the runner holds goes as a Twritehash, each other one as a Twrite that the runner also keeps
@@ -234,7 +237,10 @@ class Runner:
                      count=len(c), hash=d)
         else: self._send(P.TWRITE, ("Twrite handle={} offset={} count={}", h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h,
                          offset=offset+i*chunk, count=len(c))
-    finally: self._release()
+    except BaseException:
+      self._release(failed=True)
+      raise
+    self._release()
 
   def have(self, digests:list[bytes]) -> list[bool]:
     """Thave: which of these contents (SHA-256 digests) the runner holds. Those it holds stay available to this session."""
@@ -291,7 +297,10 @@ class Runner:
     try:
       self._send(P.TLOAD, (_TLOAD, prog, name), 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
                  corearg=corearg, entry=entry, crc=P.crc32(data), namelen=len(nm), datalen=len(data))
-    finally: self._release()
+    except BaseException:
+      self._release(failed=True)
+      raise
+    self._release()
 
   def unload(self, prog:int):
     """Release program prog. One whose Tload failed (the error was raised already) holds nothing on the runner: no request is sent."""
@@ -418,12 +427,14 @@ class Runner:
     if self._rs is not None and self._rs.held > WINDOW: self._window()
     return tag
 
-  def _release(self):
+  def _release(self, failed:bool=False):
     """The calling method returns, and its caller may then change the memory it passed: the requests still in the resume log that point
-    into it are copied when that is cheaper than a round trip (Replay.copy_max), else the runner is asked to confirm them first."""
+    into it are copied when that is cheaper than a round trip (Replay.copy_max), else the runner is asked to confirm them first. A
+    method that failed (or was interrupted) copies them: it must not wait on a stream in an unknown state."""
     rs = self._rs
-    if rs is None or not rs.lent or self._dead is not None: return
-    if rs.lent > rs.copy_max: self._wait(self._small(P.TPING, _HDR_COUNT, "Tping (resume log)", 0), P.RPING, stash=True)
+    if rs is None or not rs.lent: return
+    if not failed and self._dead is None and rs.lent > rs.copy_max:
+      self._wait(self._small(P.TPING, _HDR_COUNT, "Tping (resume log)", 0), P.RPING, stash=True)
     rs.own()
 
   def _window(self):
