@@ -16,7 +16,15 @@ bench/tg_worker.py); this process starts the servers, pins processes and keeps t
                    Tensor(numpy).to(device), next to a C stream: bench/tg_worker.py (its docstring says exactly what is timed)
   4. --remote011   the same through tinygrad 0.11.0's REMOTE device (its HTTP server), from bench/.venv011: bench/remote011.py
   5. footprint     stripped daemon size, idle RSS, RSS per idle session (process and thread isolation)
-  6. network       only with --only network (about 15 minutes): over EMULATED links (bench/linkemu.c), this runner vs local tinygrad and
+  6. features      what each runner feature costs: the same binary with the feature on and off, one runner per setting, measured
+                   alternately: resumable sessions (the default, against --resume-grace 0), the profile (Runner.profile(PROFILE_ON) on
+                   both connections, against off, the default), the cache (--cache-dir in a temporary directory with the client's
+                   default cache=True, against no --cache-dir; writes of 1 MiB and more then go by content, SHA-256: a first write of 64
+                   MiB of content the runner has not seen and a repeated write of the same), confinement (the default, against
+                   --no-confine), process isolation (the CPU default, against --isolation thread). Each: ping round trip (median of
+                   2,000, the runner's session and the client on one CPU), a 64 MiB write to a sync and a 64 MiB read (median of 5,
+                   --quick 3), 1,000 pipelined launches of an empty kernel then sync (median of 5); on/off, each run's own ratio
+  7. network       only with --only network (about 15 minutes): over EMULATED links (bench/linkemu.c), this runner vs local tinygrad and
                    0.11's REMOTE: bench/netbench.py
 
 Round trips (C echo, ping, tinygrad's launch + read) are taken twice, with the server side (echo server, the runner's session process,
@@ -525,6 +533,103 @@ def bench_footprint(reps:int):
   finally:
     for w in pw.values(): w.stop()
 
+# *** 6: what each runner feature costs, on against off
+
+# runner settings, each its own runner of the same binary: options; None stands for a temporary directory
+SETTINGS = {"default": [], "noresume": ["--resume-grace", "0"], "cache": ["--cache-dir", None], "noconfine": ["--no-confine"],
+            "thread": ["--isolation", "thread"]}
+# feature, what, (runner setting, profile on) when on, when off
+FEATURES = [
+  ("resume", "resumable sessions (default; off: --resume-grace 0)", ("default", 0), ("noresume", 0)),
+  ("profile", "profile (Runner.profile(PROFILE_ON); off: the default)", ("default", 1), ("default", 0)),
+  ("cache", "cache (--cache-dir, client cache=True; off: no cache)", ("cache", 0), ("default", 0)),
+  ("confine", "confinement (default; off: --no-confine)", ("default", 0), ("noconfine", 0)),
+  ("isolation", "process isolation (default; off: --isolation thread)", ("default", 0), ("thread", 0)),
+]
+FEAT_METRICS = {"ping": ("µs", "ping RTT, 1 CPU (median of 2,000)"), "write": ("GB/s", "write 64 MiB to a sync"),
+                "write_first": ("GB/s", "write 64 MiB to a sync, new content"), "write_repeat": ("GB/s", "write 64 MiB to a sync, the same again"), "read": ("GB/s", "read 64 MiB"),
+                "launch": ("launches/s", "1,000 pipelined empty launches, then sync")}
+
+def bench_features(reps:int, quick:bool):
+  cpus = sorted(os.sched_getaffinity(0))
+  cpu, n = (cpus[0] if len(cpus) >= 2 else "-"), (3 if quick else 5)
+  runners, pw, tmp = {}, {}, []
+  try:
+    for side in SIDES:
+      for s, opts in SETTINGS.items():
+        if None in opts: tmp.append(d := tempfile.mkdtemp(prefix="bench-cache-"))
+        try: runners[(side, s)] = Proc([side.daemon, "--host", "127.0.0.1", "--port", "0", "--backend", "cpu", *[d if o is None else o for o in opts]],
+                                       name=side.tag(f"feature-{s}"))
+        except Exception as e:
+          side.fig[f"error.feat.{s}"] = {"error": f"{type(e).__name__}: {e}"}
+          log(f"  {prefix(side)}runner {' '.join(o or 'DIR' for o in opts) or '(defaults)'}: {e}")
+      w = pw[side] = proto_worker(side, "features")
+      # per setting, like section 2: a connection for pings, whose runner side stays on the first CPU, and one for data and launches
+      for s, prof in dict.fromkeys(x for _, _, on, off in FEATURES for x in (on, off)):
+        if (r := runners.get((side, s))) is None: continue
+        name = f"{s}{'+profile' if prof else ''}"
+        if (peer := connect(w, f"session {name}.pg {r.addr}", r.pid)) and cpu != "-": peer.pin({cpu})
+        w.call(f"session {name}.s {r.addr} 4096 {64 * MIB}")
+        if prof:
+          for c in ("pg", "s"): w.call(f"profile {name}.{c} 1")
+
+    def run(side:Side, feature:str, s:str, prof:int) -> dict:
+      w, name = pw[side], f"{s}{'+profile' if prof else ''}"
+      res = {"ping": w.call(f"ping {name}.pg 2000 {cpu}")["median_us"]}
+      if feature == "cache":
+        first, again = [], []
+        for _ in range(n):
+          first.append(w.call(f"write {name}.s {64 * MIB} 1 fresh")["gbps"])
+          again.append(w.call(f"write {name}.s {64 * MIB} 1")["gbps"])
+        res.update(write_first=statistics.median(first), write_repeat=statistics.median(again))
+      else: res["write"] = statistics.median(w.call(f"write {name}.s {64 * MIB} 1")["gbps"] for _ in range(n))
+      res["read"] = statistics.median(w.call(f"read {name}.s {64 * MIB} 1")["gbps"] for _ in range(n))
+      res["launch"] = statistics.median(w.call(f"launches {name}.s 1000")["per_s"] for _ in range(5))
+      if prof: w.call(f"profile {name}.s 1")   # hand out the records (untimed), so that they never fill
+      return res
+
+    for rep in range(reps):
+      for i, (feature, what, on, off) in enumerate(FEATURES):
+        states = [("on", on), ("off", off)] if (rep + i) % 2 == 0 else [("off", off), ("on", on)]
+        got = {}
+        for state, (s, prof) in states:
+          for side in order(rep):
+            if (side, s) not in runners: continue
+            try: got[(side, state)] = run(side, feature, s, prof)
+            except Exception as e:
+              side.fig[f"error.feat.{feature}.{state}"] = {"error": f"{type(e).__name__}: {e}"}
+              log(f"  {prefix(side)}{feature} {state}: {e}")
+        for side in SIDES:
+          for state in ("on", "off"):
+            for k, v in got.get((side, state), {}).items():
+              add(f"feat.{feature}.{state}.{k}", v, FEAT_METRICS[k][0], f"{feature} {state}: {FEAT_METRICS[k][1]}", side=side)
+          if (a := got.get((side, "on"))) and (b := got.get((side, "off"))):
+            for k in a:
+              add(f"feat.{feature}.ratio.{k}", a[k] / b[k], "×", f"{feature} on/off: {FEAT_METRICS[k][1]}", better_of(FEAT_METRICS[k][0]), side)
+      for side in SIDES:
+        log(f"  {prefix(side)}features run {rep + 1}/{reps}: on/off " + ", ".join(
+          f"{f} ping {fmed(f'feat.{f}.ratio.ping', side)} write {fmed(f'feat.{f}.ratio.write', side)}" for f, *_ in FEATURES if f != "cache") +
+          f", cache write first/again {fmed('feat.cache.ratio.write_first', side)}/{fmed('feat.cache.ratio.write_repeat', side)}")
+  finally:
+    for w in pw.values(): w.stop()
+    for r in runners.values(): r.stop()
+    for d in tmp: shutil.rmtree(d, ignore_errors=True)
+
+def features_table(side:Side|None=None) -> list[str]:
+  fig = FIG if side is None else side.fig
+  if not any(k.startswith("feat.") for k in fig): return []
+  w = 46
+  L = ["", "6. Runner features: on vs off (the same binary, one runner per setting, same run, alternating; on/off: the median of each "
+       "run's ratio)", f"{'feature / figure':<{w}} {'on':>10} {'off':>10} {'on/off':>7}  unit", "-" * (w + 50)]
+  for feature, what, *_ in FEATURES:
+    L.append(what)
+    for k, (unit, label) in FEAT_METRICS.items():
+      if f"feat.{feature}.ratio.{k}" not in fig and f"feat.{feature}.on.{k}" not in fig: continue
+      on, off, r = (med(f"feat.{feature}.{x}.{k}", side) for x in ("on", "off", "ratio"))
+      L.append(f"  {label[:w - 2]:<{w - 2}} {fmt_num(on, unit):>10} {fmt_num(off, unit):>10} {fmt_num(r, '×'):>7}  {unit}, "
+               f"{better_of(unit)} is better")
+  return L
+
 # *** targets, table, comparison, JSON
 
 def targets() -> list[dict]:
@@ -582,12 +687,16 @@ SECTIONS = [
      *[f"ratio.tg.{p}.{m}" for p in ("r011_vs_cpu011", "r011_vs_remote") for m in ("mlp_item", "mlp_sync")]]),
   ("5. Footprint", ["foot.stripped", "foot.unstripped", "foot.idle_rss", "foot.idle_private", "foot.session_rss", "foot.session_private",
                     "foot.thread_session"]),
+  ("6. Runner features: on vs off", [f"feat.{f}.{x}.{k}" for f, *_ in FEATURES for k in FEAT_METRICS for x in ("on", "off", "ratio")]),
 ]
 
 def table(T:list[dict]) -> str:
   lines, w = [], 64
   head = f"{'figure':<{w}} {'median':>11} {'min':>11} {'max':>11}  unit"
   for title, keys in SECTIONS:
+    if title.startswith("6."):   # a table of its own: on, off and their ratio side by side
+      lines += features_table()
+      continue
     rows = [k for k in keys if k in FIG and "runs" in FIG[k]]
     if not rows: continue
     lines += ["", title, head, "-" * len(head)]
@@ -679,7 +788,7 @@ def main():
   ap.add_argument("--remote011", action="store_true", help="also measure tinygrad 0.11.0's REMOTE device (creates bench/.venv011)")
   ap.add_argument("--profiles", default=None, help="network: only these link profiles, e.g. loopback,1GbE (names in bench/netbench.py)")
   ap.add_argument("--reps", type=int, default=None, help="runs per figure (default 5, --quick 3; with --compare 7, --quick 5)")
-  ap.add_argument("--only", default="link,conc,tinygrad,footprint", help="sections, from link,conc,tinygrad,footprint,network "
+  ap.add_argument("--only", default="link,conc,tinygrad,footprint,features", help="sections, from link,conc,tinygrad,footprint,features,network "
                   "(network: over emulated links, bench/netbench.py; not in the default set, it takes about 15 minutes)")
   ap.add_argument("--compare", metavar="REV", default=None, help="also build REV's daemon and client and measure both trees in the same run, "
                   "alternating: per figure new, old and their ratio (bench/results/compare.json)")
@@ -716,6 +825,7 @@ def main():
              ("conc", "concurrent clients", lambda: bench_concurrency(reps, args.quick)),
              ("tinygrad", "tinygrad level", lambda: bench_tinygrad(reps, args.remote011, INFO["runner"]["ncores"], args.quick)),
              ("footprint", "footprint", lambda: bench_footprint(reps)),
+             ("features", "runner features on and off", lambda: bench_features(reps, args.quick)),
              ("network", "over emulated links",
               lambda: NET.update(netbench.bench_network(sys.modules[__name__], SIDES[0].runner, log, args.quick, args.profiles)))]
     for key, name, fn in steps:
