@@ -181,6 +181,8 @@ def serve():
       traceback.print_exc()
       res = {"error": f"{type(e).__name__}: {e}"}
     out.write(json.dumps(res) + "\n")
+  # closed, not dropped: a resumable session whose link just drops is kept by the runner for its grace period
+  for c in [*conns.values(), *idle]: c.close()
 
 def conc_client(addr:str, seconds:float):
   out = os.fdopen(os.dup(1), "w", buffering=1)
