@@ -180,7 +180,7 @@ def derive(out:dict) -> list[dict]:
   return rows
 
 def table(out:dict) -> str:
-  L = ["", "6. Over emulated links (bench/linkemu.c, a relay on loopback: emulated, not a real network)"]
+  L = ["", "7. Over emulated links (bench/linkemu.c, a relay on loopback: emulated, not a real network)"]
   L.append(f"{'profile':<9} {'target RTT':>10} {'emulated RTT':>12} {'target rate':>11} {'emulated rate':>13}")
   for p in out["profiles"]:
     L.append(f"{p['name']:<9} {p['rtt_ms']:>8.2f}ms {p['emu_rtt_us'] / 1000:>10.3f}ms {(str(p['mbit']) + ' Mb/s') if p['mbit'] else '-':>11} "

@@ -1,14 +1,34 @@
 """Protocol-level measurements with the Python client (client/connection.py), for bench/run.py.
 
-Imported, it gives one repetition of each figure on an open Runner. Run as a script it is one client of the concurrency test:
+The client is the one on PYTHONPATH when that holds a client/ (bench/run.py --compare points it at another commit's tree), else
+this tree's. Run as a script, it is one of bench/run.py's measuring processes:
+
+  python3 bench/proto.py serve
+    prints {"ready": ..., "client": the client's path}, then runs one command per line of stdin and answers one JSON line each
+    ({"error": ...} if it failed). NAME is a connection of this process, ADDR a runner's host:port, CPU a CPU to pin this process to
+    while it measures ("-": no pinning):
+      session NAME ADDR [SIZE ...]   connect (Session: the empty kernel loaded, a buffer of each SIZE, filled)
+      raw NAME ADDR                  connect the minimal Python ping (RawPing)
+      ping NAME N [CPU]              N round trips one after another: median, p90 and mean (µs)
+      launches NAME N                N pipelined launches of the empty kernel, then one sync: launches per second
+      write NAME SIZE COUNT [fresh]  COUNT writes of the SIZE buffer, pipelined, then one sync: GB/s and µs per write. fresh: first
+                                     make every MiB of it content no runner has seen (untimed), as a new upload to a runner cache is
+      read NAME SIZE COUNT           COUNT reads of the SIZE buffer, each waited for
+      profile NAME MODE              Tprofile MODE (0 off, 1 on; waits, as sync does): the records it handed out
+      idle ADDR N / closeidle        open N idle connections (each pings once) / close them
+      close NAME
   python3 bench/proto.py conc HOST:PORT SECONDS
-connects, allocates 64 MiB, prints {"ready": ...}, then for each line "ping" or "bulk" on stdin runs that load for SECONDS and prints
-one JSON line: ping = round trips one after another; bulk = 64 MiB writes (each followed by a sync) alternating with 64 MiB reads.
+    one client of the concurrency test: connects, allocates 64 MiB, prints {"ready": ...}, then for each line "ping" or "bulk" on
+    stdin runs that load for SECONDS and prints one JSON line: ping = round trips one after another; bulk = 64 MiB writes (each
+    followed by a sync) alternating with 64 MiB reads.
 """
 from __future__ import annotations
-import json, os, pathlib, subprocess, sys, time
+import functools, json, os, pathlib, struct, subprocess, sys, time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if not any(pathlib.Path(d, "client", "connection.py").is_file() for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d):
+  sys.path.insert(0, str(ROOT))
+import client  # noqa: E402
 from client import protocol as P  # noqa: E402
 from client.connection import Runner  # noqa: E402
 from client.cpu_image import cpu_image  # noqa: E402
@@ -16,6 +36,7 @@ from client.cpu_image import cpu_image  # noqa: E402
 MIB = 1 << 20
 EMPTY = "void empty(float* restrict out) { }"
 
+@functools.cache
 def compile_empty() -> tuple[int, bytes, int]:
   """The empty kernel as a runner CPU image, compiled the way tinygrad's ClangCompiler compiles kernels."""
   obj = subprocess.check_output(["clang", "-c", "-x", "c", "-O2", "-fPIC", "-ffreestanding", "-fno-math-errno", "-nostdlib", "-fno-ident",
@@ -28,7 +49,7 @@ class Session:
     self.r = Runner(addr)
     arch, image, entry = compile_empty()
     self.r.load(prog := self.r.new_handle(), P.PROG_CPU_IMAGE, "empty", image, nbufs=1, nvals=0, entry=entry, arch=arch)
-    self.prog, self.bufs, self.host = prog, {}, {}
+    self.prog, self.bufs, self.host, self.fresh = prog, {}, {}, 0
     for size in sizes: self.buffer(size)
     self.r.sync()
 
@@ -60,9 +81,12 @@ class Session:
     r.sync()
     return {"per_s": n / (time.perf_counter() - t)}
 
-  def write(self, size:int, count:int) -> dict:
-    """count writes of size bytes, pipelined, then one sync."""
+  def write(self, size:int, count:int, fresh:bool=False) -> dict:
+    """count writes of size bytes, pipelined, then one sync; fresh: first give every MiB new content (a counter and its offset)."""
     h, mv = self.buffer(size)
+    if fresh:
+      self.fresh += 1
+      for i in range(0, size, MIB): mv[i:i+16] = struct.pack("<QQ", self.fresh, i)
     t = time.perf_counter()
     for _ in range(count): self.r.write(h, 0, mv)
     self.r.sync()
@@ -76,6 +100,8 @@ class Session:
     for _ in range(count): self.r.read(h, 0, mv)
     s = time.perf_counter() - t
     return {"gbps": size * count / s / 1e9, "us_per_op": s / count * 1e6}
+
+  def close(self): self.r.close()
 
 class RawPing:
   """The floor for a Python client: Tping on a plain blocking socket, one send and one recv per round trip, no parsing beyond a length
@@ -110,12 +136,60 @@ class RawPing:
 
   def close(self): self.s.close()
 
+def pinned(cpu:str|None):
+  """Run the enclosed code on one CPU (None or "-": leave affinity alone)."""
+  import contextlib
+  @contextlib.contextmanager
+  def cm():
+    old = os.sched_getaffinity(0)
+    if cpu not in (None, "-"): os.sched_setaffinity(0, {int(cpu)})
+    try: yield
+    finally: os.sched_setaffinity(0, old)
+  return cm()
+
+def serve():
+  out = os.fdopen(os.dup(1), "w", buffering=1)
+  os.dup2(2, 1)   # stdout carries only answers
+  conns, idle = {}, []
+  def cmd(c:str, *a:str) -> dict:
+    if c == "session": conns[a[0]] = Session(a[1], sizes=tuple(int(x) for x in a[2:]))
+    elif c == "raw": conns[a[0]] = RawPing(a[1])
+    elif c == "ping":
+      with pinned(a[2] if len(a) > 2 else None): return conns[a[0]].ping(int(a[1]))
+    elif c == "launches": return conns[a[0]].launches(int(a[1]))
+    elif c == "write": return conns[a[0]].write(int(a[1]), int(a[2]), fresh=a[3:] == ("fresh",))
+    elif c == "read": return conns[a[0]].read(int(a[1]), int(a[2]))
+    elif c == "profile":
+      recs, left, lost, cap = conns[a[0]].r.profile(int(a[1]))
+      return {"records": len(recs), "left": left, "lost": lost, "cap": cap}
+    elif c == "idle":
+      idle.extend(Runner(a[0]) for _ in range(int(a[1])))
+      for r in idle: r.ping()
+    elif c == "closeidle":
+      for r in idle: r.close()
+      idle.clear()
+    elif c == "close": conns.pop(a[0]).close()
+    else: raise ValueError(f"unknown command {c!r}")
+    return {"ok": True}
+  out.write(json.dumps({"ready": True, "client": client.__file__}) + "\n")
+  for line in sys.stdin:
+    if not (a := line.split()): continue
+    if a[0] == "quit": break
+    try: res = cmd(*a)
+    except Exception as e:  # the orchestrator reports it and goes on
+      import traceback
+      traceback.print_exc()
+      res = {"error": f"{type(e).__name__}: {e}"}
+    out.write(json.dumps(res) + "\n")
+  # closed, not dropped: a resumable session whose link just drops is kept by the runner for its grace period
+  for c in [*conns.values(), *idle]: c.close()
+
 def conc_client(addr:str, seconds:float):
   out = os.fdopen(os.dup(1), "w", buffering=1)
   os.dup2(2, 1)
   s = Session(addr, sizes=(64 * MIB,))
   h, mv = s.buffer(64 * MIB)
-  out.write(json.dumps({"ready": True}) + "\n")
+  out.write(json.dumps({"ready": True, "client": client.__file__}) + "\n")
   for line in sys.stdin:
     cmd, n, nbytes = line.strip(), 0, 0
     if cmd == "quit": break
@@ -136,4 +210,5 @@ def conc_client(addr:str, seconds:float):
 
 if __name__ == "__main__":
   if len(sys.argv) == 4 and sys.argv[1] == "conc": conc_client(sys.argv[2], float(sys.argv[3]))
+  elif sys.argv[1:] == ["serve"]: serve()
   else: sys.exit(__doc__)

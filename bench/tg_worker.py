@@ -1,5 +1,7 @@
 """One tinygrad device in its own process, for bench/run.py: sets up, prints {"ready": ...}, then runs one measurement per line
 of stdin ("name") and answers one JSON line each. Works with tinygrad 0.14 (this project's) and 0.11 (its REMOTE device, --remote011).
+The client (REMOTE, 0.14) is the one on PYTHONPATH when that holds a client/ (bench/run.py --compare points it at another commit's
+tree), else this tree's; the ready line names it.
 
   python3 bench/tg_worker.py DEVICE     DEVICE: REMOTE (a metal_runner, METAL_RUNNER=host:port) or CPU; with tinygrad 0.11 REMOTE is
                                         0.11's own REMOTE device (HOST=host:port)
@@ -10,11 +12,16 @@ What is timed (the same code on every device):
             figure is the wall time divided by 1,000.
   roundtrip one launch of that program, then a 4-byte copyout of its output (Allocator._copyout, what tinygrad runs for .item());
             timed one at a time, median and p90 (bench/run.py pins this one: see its docstring).
+  ping      REMOTE (0.14) only: Runner.ping() on the device's own connection, timed one at a time, median and p90: the protocol's
+            round trip in the same process and pinning as roundtrip.
   copyin / copyout  Allocator._copyin (then a device sync) / _copyout of 64 MiB between host memory and a device buffer: what a COPY
             between the host and the device runs, without tinygrad's scheduler around it.
   mlp_item / mlp_sync  a TinyJit training step of a 784-128-10 MLP (ReLU, sparse categorical cross-entropy, SGD lr 0.01), batch 64,
             batches already on the device (4 of them, used in turn); mlp_item reads the loss (.item()) every step, mlp_sync syncs the
             device once per 50 steps. Steps per second over at least 100 steps and 0.4 s (--quick: 50 steps, 0.2 s).
+  weights   Tensor(a numpy array of 256 MiB of float32).to(DEVICE).realize(), then a device sync: what loading a model's weights runs
+            (a copy from tinygrad's NPY device; after the first, the device buffer is the previous one's, from tinygrad's LRU allocator);
+            GB/s, the best of 3 (the array is made once).
 """
 from __future__ import annotations
 import json, os, pathlib, sys, time
@@ -22,7 +29,8 @@ import json, os, pathlib, sys, time
 OUT = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)  # anything else printed to stdout (tinygrad, the client) goes to stderr: stdout carries only results
 DEV = sys.argv[1]
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+if not any(pathlib.Path(d, "client", "connection.py").is_file() for d in os.environ.get("PYTHONPATH", "").split(os.pathsep) if d):
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from tinygrad import Tensor, TinyJit, nn, Device  # noqa: E402
 V014 = not hasattr(Tensor, "train")   # 0.11 has Tensor.train(); 0.14 uses Context(TRAINING=1)
@@ -128,6 +136,30 @@ def m_roundtrip(n=500):
   ts.sort()
   return {"median_us": ts[n // 2] * 1e6, "p90_us": ts[n * 9 // 10] * 1e6}
 
+def m_ping(n=500):
+  r, ts = Device[DEV].runner, []
+  sync()
+  for _ in range(n):
+    t = time.perf_counter()
+    r.ping()
+    ts.append(time.perf_counter() - t)
+  ts.sort()
+  return {"median_us": ts[n // 2] * 1e6, "p90_us": ts[n * 9 // 10] * 1e6}
+
+def m_weights(size=256 * MIB, n=3):
+  import numpy as np
+  global WEIGHTS
+  if "WEIGHTS" not in globals(): WEIGHTS = np.random.default_rng(0).random(size // 4, dtype=np.float32)
+  best = None
+  for _ in range(n):
+    t = time.perf_counter()
+    w = Tensor(WEIGHTS).to(DEV).realize()
+    sync()
+    s = time.perf_counter() - t
+    best = s if best is None else min(best, s)
+    del w   # its device buffer goes before the next one is made
+  return {"gbps": size / best / 1e9}
+
 def m_copy(size=64 * MIB):
   from tinygrad.device import Buffer
   from tinygrad.dtype import dtypes
@@ -158,7 +190,7 @@ def m_mlp(every:int, min_steps=100, min_s=0.4):
     if every != 1: sync()
   return {"steps_per_s": n / (time.perf_counter() - t), "steps": n}
 
-METRICS = {"launch": m_launch, "roundtrip": m_roundtrip, "copy": m_copy, "mlp_item": lambda: m_mlp(1), "mlp_sync": lambda: m_mlp(50),
+METRICS = {"launch": m_launch, "roundtrip": m_roundtrip, "ping": m_ping, "copy": m_copy, "weights": m_weights, "mlp_item": lambda: m_mlp(1), "mlp_sync": lambda: m_mlp(50),
            "mlp_item quick": lambda: m_mlp(1, 50, 0.2), "mlp_sync quick": lambda: m_mlp(50, 50, 0.2)}
 
 if __name__ == "__main__":
@@ -168,7 +200,7 @@ if __name__ == "__main__":
   from importlib.metadata import version
   info = {"ready": True, "device": DEV, "tinygrad": version("tinygrad"),
           "threads": getenv("NUM_CPU_THREADS", 0), "setup_s": None}
-  if DEV == "REMOTE" and V014: info["runner_ncores"] = Device[DEV].runner.info.ncores
+  if DEV == "REMOTE" and V014: info.update(runner_ncores=Device[DEV].runner.info.ncores, client=sys.modules["client"].__file__)
   setup_mlp()
   info["setup_s"] = time.perf_counter() - t0
   OUT.write(json.dumps(info) + "\n")
