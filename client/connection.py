@@ -23,6 +23,9 @@ from .resume import Replay, resume, WINDOW, COPY_RATE, COPY_MIN, COPY_MAX
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
+# Bulk data goes in frames of at most this size, and reads with this many parts in flight: on loopback, where copies are the whole cost,
+# bytes in flight that fit the CPUs' caches move faster than 64 MiB frames (bench/run.py); on a network the depth keeps the pipe full.
+WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 4
 # With a runner that has a cache (CAP_CACHE), writes of CACHE_MIN bytes or more go by content: in CACHE_CHUNK pieces, each named by
 # its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
 CACHE_MIN = CACHE_CHUNK = 1 << 20
@@ -86,6 +89,8 @@ _TLOAD = "Tload prog={} ({})"
 # Tlaunch is the hot path: one precompiled struct for header + launch record, one per (nbufs, nvals) for the arguments
 _TLAUNCH = struct.Struct("<IHHIIIHH3I3I")
 _HDR, _HDR_COUNT, _TACK = struct.Struct("<IHHI"), struct.Struct("<IHHII"), struct.Struct("<IHHIIQ")
+# the bulk paths: Twrite and Tread share one layout, header + handle[4] offset[8] count[8]
+_IO, _TWRITE_DESC, _TREAD_DESC = struct.Struct("<IHHIIQQ"), "Twrite handle={} offset={} count={}", "Tread handle={} offset={} count={}"
 _ARGS: dict[tuple[int, int], struct.Struct] = {}
 def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
   if (st := _ARGS.get((nbufs, nvals))) is None: st = _ARGS[(nbufs, nvals)] = struct.Struct("<" + "IIQ" * nbufs + "q" * nvals)
@@ -210,14 +215,15 @@ class Runner:
     self._send(P.TCOPY, f"Tcopy dst={dst}+{dstoff} src={src}+{srcoff} count={count}", dst=dst, src=src, dstoff=dstoff, srcoff=srcoff, count=count)
 
   def write(self, h:int, offset:int, data):
-    """Copy data (bytes-like) into buffer h at offset, in frames of at most maxmsg bytes; large data is not copied.
+    """Copy data (bytes-like) into buffer h at offset, in frames of at most WRITE_FRAME bytes; large data is not copied.
     With a runner cache, large data goes by content (write_cached)."""
-    mv, step = memoryview(data).cast("B"), self.maxmsg - P.MSGS[P.TWRITE].size
+    mv, step = memoryview(data).cast("B"), min(WRITE_FRAME, self.maxmsg - P.MSGS[P.TWRITE].size)
     if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
     try:
       for i in range(0, max(len(mv), 1), step):
         c = mv[i:i+step]
-        self._send(P.TWRITE, f"Twrite handle={h} offset={offset+i} count={len(c)}", 0, [c], handle=h, offset=offset+i, count=len(c))
+        if len(c) >= COPY_SIZE: self._send_bulk(c, h, offset + i)
+        else: self._send(P.TWRITE, (_TWRITE_DESC, h, offset + i, len(c)), 0, [c], handle=h, offset=offset+i, count=len(c))
     except BaseException:
       self._release(failed=True)
       raise
@@ -253,40 +259,29 @@ class Runner:
     return held
 
   def read(self, h:int, offset:int, dest):
-    """Fill dest (a writable bytes-like object) from buffer h at offset; waits. Large reads are split and pipelined."""
-    mv, step = memoryview(dest).cast("B"), self.maxmsg - P.MSGS[P.RREAD].size
-    if self._rs is not None: return self._read_resumable(h, offset, mv)
-    parts = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)]
-    tags = [self._send(P.TREAD, f"Tread handle={h} offset={offset+i*step} count={len(c)}", handle=h, offset=offset+i*step, count=len(c))
-            for i, c in enumerate(parts)]
-    for k, (tag, c) in enumerate(zip(tags, parts)):
-      try: self._wait(tag, P.RREAD, c)
-      except RunnerError:
-        self._skip.update(tags[k+1:])
-        raise
-
-  def _read_resumable(self, h:int, offset:int, mv:memoryview):
-    """read() when the session may be resumed: at most two parts in flight (the pipe stays full; one round trip as before), each
-    acknowledged (Tack) once it arrived whole, so that the runner, which keeps an Rread's data by reference to the buffer to send it
-    again after a dropped link, lets go of it before anything can change the buffer. A runner without CAP_ACK keeps only its last
-    Rresumekey.log bytes of replies: there parts are a quarter of that."""
-    rs, step = self._rs, self.maxmsg - P.MSGS[P.RREAD].size
-    if not (ack := self.info.caps & P.CAP_ACK):
-      if rs.key is None: self.ping()   # learn the runner's reply log, once
-      step = min(step, max(4096, rs.key["log"] // 4))
-    # settle the resume window first (an upload may have left it open): a window Rping must never be waited for behind an Rread in flight
-    if rs.ping is not None or rs.held > WINDOW: self.ping()
-    parts, tags = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)], []
+    """Fill dest (a writable bytes-like object) from buffer h at offset; waits. A large read goes in parts of READ_PART bytes with
+    READ_DEPTH in flight: the pipe stays full (one round trip), and the bytes in flight stay within the CPUs' caches, which on
+    loopback is much faster than one large Rread. In a resumable session each part of more than RREAD_INLINE bytes is acknowledged
+    (Tack, riding with the next request) once it arrived, so that the runner, which keeps an Rread's data by reference to the buffer
+    to send it again after a dropped link, lets go of it before anything can change the buffer. A runner without CAP_ACK keeps only
+    its last Rresumekey.log bytes of replies: there parts are at most a quarter of that, two in flight."""
+    mv, rs = memoryview(dest).cast("B"), self._rs
+    step, depth, ack = min(READ_PART, self.maxmsg - P.MSGS[P.RREAD].size), READ_DEPTH, False
+    if rs is not None:
+      if not (ack := bool(self.info.caps & P.CAP_ACK)):
+        if rs.key is None: self.ping()   # learn the runner's reply log, once
+        step, depth = min(step, max(4096, rs.key["log"] // 4)), 2
+      # settle the resume window first (an upload may have left it open): a window Rping must never be waited for behind an Rread
+      if rs.ping is not None or rs.held > WINDOW: self.ping()
+    parts, tags, k = [mv[i:i+step] for i in range(0, max(len(mv), 1), step)], [], 0
     try:
-      for k, c in enumerate(parts):
-        tags.append(self._send(P.TREAD, f"Tread handle={h} offset={offset+k*step} count={len(c)}", handle=h, offset=offset+k*step, count=len(c)))
-        if k == 0: continue
-        if k > 1: self._rtmark = self._nreq  # its Tread goes out while earlier parts are in flight: no new round trip
-        self._wait(tags[k-1], P.RREAD, parts[k-1])
-        if ack and len(parts[k-1]) > P.RREAD_INLINE: self._small(P.TACK, _TACK, "Tack", 0, rs.received)
-      if len(parts) > 1: self._rtmark = self._nreq
-      self._wait(tags[-1], P.RREAD, parts[-1])
-      if ack and len(parts[-1]) > P.RREAD_INLINE: self._small(P.TACK, _TACK, "Tack", 0, rs.received)  # rides with the next request
+      for i, c in enumerate(parts):
+        tags.append(self._small(P.TREAD, _IO, (_TREAD_DESC, h, offset + i * step, len(c)), h, offset + i * step, len(c)))
+        while k < len(parts) and (k <= i - depth + 1 or i == len(parts) - 1):   # the pipe is full, or all parts are out: take the oldest
+          if k: self._rtmark = self._nreq   # its reply was on its way before the later Treads went out: no new round trip
+          self._wait(tags[k], P.RREAD, parts[k])
+          if ack and len(parts[k]) > P.RREAD_INLINE: self._small(P.TACK, _TACK, "Tack", 0, rs.received)
+          k += 1
     except RunnerError as e:
       self._skip.update(t for t in tags if t != e.tag and t in self._sent)
       raise
@@ -379,7 +374,7 @@ class Runner:
     return [P.PROF.unpack(f["data"], P.PROF.size * i) for i in range(f["count"])], f["left"], f["lost"], f["cap"]
 
   def _small(self, type:int, st:struct.Struct, desc, *fields) -> int:
-    """Queue a request whose fixed part is the header plus u32 fields, with a precompiled struct (the waiting requests' hot path)."""
+    """Queue a request of no payload but Tping's, with a precompiled struct of its fixed part (the waiting requests' hot path)."""
     if self._dead is not None: self._check(desc)
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
@@ -436,6 +431,19 @@ class Runner:
     if not failed and self._dead is None and rs.lent > rs.copy_max:
       self._wait(self._small(P.TPING, _HDR_COUNT, "Tping (resume log)", 0), P.RPING, stash=True)
     rs.own()
+
+  def _send_bulk(self, data:memoryview, h:int, offset:int) -> int:
+    """_send of one Twrite whose data (at least COPY_SIZE bytes, within maxmsg) goes out from the caller's memory: the bulk path."""
+    desc = (_TWRITE_DESC, h, offset, n := data.nbytes)
+    if self._dead is not None: self._check(desc)
+    tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._nreq += 1
+    self._sent[tag] = desc
+    if (rs := self._rs) is not None: rs.starts.append((tag, rs.sent + len(self._out)))
+    self._out += _IO.pack(_IO.size + n, P.TWRITE, 0, tag, h, offset, n)
+    self._sendv([self._out, data], desc)
+    if rs is not None and rs.held > WINDOW: self._window()
+    return tag
 
   def _window(self):
     """The resume log passed WINDOW bytes of its own: ask the runner how far it got with a Tping, and past twice that wait for its Rping."""

@@ -73,13 +73,13 @@ def test_training_run_survives_cuts(daemon_bin, iso):
 @pytest.mark.slow   # 256 MiB of weights through a relay, twice
 @pytest.mark.cpu_only
 def test_training_run_cut_in_the_middle_of_a_256_mib_upload(daemon_bin):
-  """The bulk path: a 256 MiB upload goes as four 64 MiB Twrites straight from the caller's memory (the resume log refers to it); the
-  link drops half way through the third, the session resumes, and training and the weights end exactly as without the cut."""
+  """The bulk path: a 256 MiB upload goes as Twrites straight from the caller's memory (the resume log refers to it); the link drops
+  in the middle of one of them, 160 MiB in, the session resumes, and training and the weights end exactly as without the cut."""
   r = RunnerProc("--isolation", "process")
   try:
     uncut = train(r.addr, 256)
     with LinkCutter(r.addr) as lc:
-      lc.cut_in(up=P.TWRITE, min_size=32 << 20, skip=2)
+      lc.cut_in(up=P.TWRITE, min_size=256 << 10, skip=320)
       cut = train(lc.addr, 256)
       assert lc.pending() == 0 and lc.cuts == 1
   finally: r.stop()
@@ -324,7 +324,8 @@ def test_a_large_upload_keeps_the_replay_log_bounded_and_survives_a_cut():
         peak[0] = max(peak[0], c._rs.held)
       c._rs.log = logged
       c.alloc(1, data.nbytes)
-      lc.cut_in(up=P.TWRITE, min_size=1 << 20)   # in the middle of the 48 MiB Twrite (the log holds the caller's memory, not a copy)
+      # in the middle of the 48 MiB upload, in its 41st frame (WRITE_FRAME, 512 KiB): the log holds the caller's memory, not a copy
+      lc.cut_in(up=P.TWRITE, min_size=256 << 10, skip=40)
       c.write(1, 0, data)
       out = np.empty_like(data)
       c.read(1, 0, out)

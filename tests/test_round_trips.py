@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import run_python
 from runner_proc import RunnerProc
-from client.connection import Runner
+from client.connection import Runner, WRITE_FRAME, READ_PART
 from client import protocol as P
 
 def test_stats_count_requests_round_trips_and_bytes(daemon_bin):
@@ -16,20 +16,21 @@ def test_stats_count_requests_round_trips_and_bytes(daemon_bin):
       s0 = c.stats()
       assert s0["round_trips"] == 1 and s0["requests"] == 1 and s0["replies"] == 1   # Thello
       c.alloc(1, 1 << 20)
-      c.write(1, 0, np.arange(1 << 18, dtype=np.float32))
+      c.write(1, 0, np.arange(1 << 18, dtype=np.float32))   # 1 MiB in Twrites of WRITE_FRAME
       c.alloc(2, 64)
+      nw, nr = -(-(1 << 20) // WRITE_FRAME), -(-(1 << 20) // READ_PART)
       s1 = c.stats()
-      assert s1["round_trips"] == 1 and s1["requests"] == 4 and s1["bytes_received"] == s0["bytes_received"]   # pipelined: no wait
+      assert s1["round_trips"] == 1 and s1["requests"] == 3 + nw and s1["bytes_received"] == s0["bytes_received"]   # pipelined: no wait
       out = np.empty(1 << 18, dtype=np.float32)
-      c.read(1, 0, out)   # 1 MiB in one Tread (maxmsg is larger)
+      c.read(1, 0, out)   # 1 MiB in Treads of READ_PART, pipelined: one round trip
       assert (out == np.arange(1 << 18)).all()
       s2 = c.stats()
-      assert s2["round_trips"] == 2 and s2["requests"] == 5 and s2["replies"] == 2
+      assert s2["round_trips"] == 2 and s2["requests"] == 3 + nw + nr and s2["replies"] == 1 + nr
       assert s2["bytes_sent"] - s0["bytes_sent"] >= 1 << 20 and s2["bytes_received"] - s1["bytes_received"] >= 1 << 20
       c.ping(b"x" * 100)
       c.sync()
       s3 = c.stats()
-      assert s3["round_trips"] == 4 and s3["requests"] == 7
+      assert s3["round_trips"] == 4 and s3["requests"] == 5 + nw + nr
     log = r.wait_log(" requests, ", " answered, ")
   finally: r.stop()
   m = re.search(r"session \d+: (\d+) requests, (\d+) answered, (\d+) bytes in, (\d+) bytes out", log)
@@ -48,10 +49,10 @@ def test_split_read_is_one_round_trip(daemon_bin):
       before, out = c.stats(), np.empty(n, dtype=np.uint8)
       c.read(1, 0, out)
       after = c.stats()
-      # a resumable session reads in parts of a frame, at most two in flight, and acknowledges each part of more than
-      # P.RREAD_INLINE bytes with a Tack (no reply); without CAP_ACK in parts of a quarter of the runner's reply log (client/resume.py)
+      # reads go in parts of READ_PART (at most a frame); a resumable session acknowledges each part of more than P.RREAD_INLINE
+      # bytes with a Tack (no reply), and without CAP_ACK reads in parts of a quarter of the runner's reply log (client/resume.py)
       ack = c._rs is not None and c.info.caps & P.CAP_ACK
-      step = c.maxmsg - 16 if c._rs is None or ack else min(c.maxmsg - 16, c._rs.key["log"] // 4)
+      step = min(READ_PART, c.maxmsg - 16) if c._rs is None or ack else min(READ_PART, c.maxmsg - 16, c._rs.key["log"] // 4)
   finally: r.stop()
   parts = -(-n // step)
   tacks = sum(min(step, n - i) > P.RREAD_INLINE for i in range(0, n, step)) if ack else 0
