@@ -150,7 +150,7 @@ def pinned(cpu:str|None):
 def serve():
   out = os.fdopen(os.dup(1), "w", buffering=1)
   os.dup2(2, 1)   # stdout carries only answers
-  conns, idle = {}, []
+  conns, idle, default_cpus = {}, [], os.sched_getaffinity(0)
   def cmd(c:str, *a:str) -> dict:
     if c == "session": conns[a[0]] = Session(a[1], sizes=tuple(int(x) for x in a[2:]))
     elif c == "raw": conns[a[0]] = RawPing(a[1])
@@ -168,6 +168,7 @@ def serve():
     elif c == "closeidle":
       for r in idle: r.close()
       idle.clear()
+    elif c == "pin": os.sched_setaffinity(0, default_cpus if a[0] == "-" else {int(a[0])})   # until the next pin
     elif c == "close": conns.pop(a[0]).close()
     else: raise ValueError(f"unknown command {c!r}")
     return {"ok": True}
