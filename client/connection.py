@@ -17,7 +17,7 @@ Environment:
                            runner demands authentication and no token= is given
 """
 from __future__ import annotations
-import dataclasses, hashlib, hmac, os, socket, struct, time
+import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, COPY_RATE, COPY_MIN, COPY_MAX
 
@@ -219,15 +219,11 @@ class Runner:
     With a runner cache, large data goes by content (write_cached)."""
     mv, step = memoryview(data).cast("B"), min(WRITE_FRAME, self.maxmsg - P.MSGS[P.TWRITE].size)
     if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
-    try:
+    with self._lending():
       for i in range(0, max(len(mv), 1), step):
         c = mv[i:i+step]
         if len(c) >= COPY_SIZE: self._send_bulk(c, h, offset + i)
         else: self._send(P.TWRITE, (_TWRITE_DESC, h, offset + i, len(c)), 0, [c], handle=h, offset=offset+i, count=len(c))
-    except BaseException:
-      self._release(failed=True)
-      raise
-    self._release()
 
   def write_cached(self, h:int, offset:int, data, chunk:int=CACHE_CHUNK):
     """Write data by content: each chunk the runner holds goes as a Twritehash, each other one as a Twrite that the runner also keeps
@@ -236,17 +232,12 @@ class Runner:
     parts = [mv[i:i+chunk] for i in range(0, len(mv), chunk)]
     digests = [hashlib.sha256(c).digest() for c in parts]
     if (ask := [d for d in dict.fromkeys(digests) if d not in self._held]): self.have(ask)
-    try:
+    with self._lending():
       for i, (c, d) in enumerate(zip(parts, digests)):
         if d in self._held:
           self._send(P.TWRITEHASH, ("Twritehash handle={} offset={} count={}", h, offset+i*chunk, len(c)), handle=h, offset=offset+i*chunk,
                      count=len(c), hash=d)
-        else: self._send(P.TWRITE, ("Twrite handle={} offset={} count={}", h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h,
-                         offset=offset+i*chunk, count=len(c))
-    except BaseException:
-      self._release(failed=True)
-      raise
-    self._release()
+        else: self._send(P.TWRITE, (_TWRITE_DESC, h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h, offset=offset+i*chunk, count=len(c))
 
   def have(self, digests:list[bytes]) -> list[bool]:
     """Thave: which of these contents (SHA-256 digests) the runner holds. Those it holds stay available to this session."""
@@ -289,13 +280,9 @@ class Runner:
   def load(self, prog:int, kind:int, name:str, data, nbufs:int, nvals:int, corearg:int=P.NO_CORE, entry:int=0, arch:int=0):
     nm, data = name.encode(), memoryview(data).cast("B")
     self._names[prog] = name
-    try:
+    with self._lending():
       self._send(P.TLOAD, (_TLOAD, prog, name), 0, [nm, data], prog=prog, kind=kind, arch=arch, nbufs=nbufs, nvals=nvals,
                  corearg=corearg, entry=entry, crc=P.crc32(data), namelen=len(nm), datalen=len(data))
-    except BaseException:
-      self._release(failed=True)
-      raise
-    self._release()
 
   def unload(self, prog:int):
     """Release program prog. One whose Tload failed (the error was raised already) holds nothing on the runner: no request is sent."""
@@ -408,10 +395,7 @@ class Runner:
     if P.MSGS[type].size + n > self.maxmsg:
       raise RunnerError(self.addr, P.ELIMIT, f"a {P.MSGS[type].size + n}-byte frame is over this connection's maxmsg {self.maxmsg}", None,
                         _describe(desc))
-    tag = self._tag = (self._tag + 1) & 0xffffffff
-    self._nreq += 1
-    self._sent[tag] = desc
-    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
+    tag = self._open(desc)
     self._out += P.pack(type, tag, flags, n, **fields)
     bufs = []
     for p in parts:
@@ -422,6 +406,33 @@ class Runner:
     if self._rs is not None and self._rs.held > WINDOW: self._window()
     return tag
 
+  def _open(self, desc) -> int:
+    """A new request's tag, counted and remembered (_small and launch do the same inline: they are the hot paths)."""
+    tag = self._tag = (self._tag + 1) & 0xffffffff
+    self._nreq += 1
+    self._sent[tag] = desc
+    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
+    return tag
+
+  def _send_bulk(self, data:memoryview, h:int, offset:int) -> int:
+    """_send of one Twrite whose data (at least COPY_SIZE bytes, within maxmsg) goes out from the caller's memory: the bulk path."""
+    desc = (_TWRITE_DESC, h, offset, n := data.nbytes)
+    if self._dead is not None: self._check(desc)
+    tag = self._open(desc)
+    self._out += _IO.pack(_IO.size + n, P.TWRITE, 0, tag, h, offset, n)
+    self._sendv([self._out, data], desc)
+    if self._rs is not None and self._rs.held > WINDOW: self._window()
+    return tag
+
+  @contextlib.contextmanager
+  def _lending(self):
+    """Around a method that sends the caller's memory: the resume log may refer to it only until the method returns (_release)."""
+    try: yield
+    except BaseException:
+      self._release(failed=True)
+      raise
+    self._release()
+
   def _release(self, failed:bool=False):
     """The calling method returns, and its caller may then change the memory it passed: the requests still in the resume log that point
     into it are copied when that is cheaper than a round trip (Replay.copy_max), else the runner is asked to confirm them first. A
@@ -431,19 +442,6 @@ class Runner:
     if not failed and self._dead is None and rs.lent > rs.copy_max:
       self._wait(self._small(P.TPING, _HDR_COUNT, "Tping (resume log)", 0), P.RPING, stash=True)
     rs.own()
-
-  def _send_bulk(self, data:memoryview, h:int, offset:int) -> int:
-    """_send of one Twrite whose data (at least COPY_SIZE bytes, within maxmsg) goes out from the caller's memory: the bulk path."""
-    desc = (_TWRITE_DESC, h, offset, n := data.nbytes)
-    if self._dead is not None: self._check(desc)
-    tag = self._tag = (self._tag + 1) & 0xffffffff
-    self._nreq += 1
-    self._sent[tag] = desc
-    if (rs := self._rs) is not None: rs.starts.append((tag, rs.sent + len(self._out)))
-    self._out += _IO.pack(_IO.size + n, P.TWRITE, 0, tag, h, offset, n)
-    self._sendv([self._out, data], desc)
-    if rs is not None and rs.held > WINDOW: self._window()
-    return tag
 
   def _window(self):
     """The resume log passed WINDOW bytes of its own: ask the runner how far it got with a Tping, and past twice that wait for its Rping."""
