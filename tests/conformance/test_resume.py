@@ -528,3 +528,26 @@ def test_the_frame_timeout_does_not_apply_between_the_frames_of_a_resumable_sess
   ty, f, p = n.frame()
   assert (ty, f.get("processed")) == (P.RRESUME, sent + 1), (ty, f, p)
   key(n, P.RESUME_OFF)
+
+@section("Resuming a session", "Limits")
+@pytest.mark.parametrize("missed", [8, 9])
+def test_the_data_of_the_last_8_large_rreads_is_kept_by_reference(target, missed):
+  """Nine Rreads of 8 KiB, none acknowledged: a resume that missed the last eight gets them again; one that missed all nine fails,
+  the first one's data having been let go for the ninth (PROTO_RESUME_REFS)."""
+  t = target.with_options("--resume-log", "64K")
+  acking(t)
+  c, k, sent, received = start(t)
+  c.alloc(2, 8192)
+  c.write(2, 0, pattern(8192, 1))
+  for _ in range(9): assert c.read(2, 0, 8192) == pattern(8192, 1)
+  c.ping()
+  c.close()
+  n, _ = tresume(t, c.info["session"], k["secret"], sent + 12, received + (9 - missed) * (16 + 8192))
+  if missed == 9:
+    assert "no longer held" in fatal(n, P.ERESUME, 77)
+    return
+  assert n.frame()[1]["processed"] == sent + 12
+  for _ in range(8):
+    rt, f, p = n.frame()
+    assert (rt, p == pattern(8192, 1)) == (P.RREAD, True), (rt, f)
+  assert n.frame()[0] == P.RPING
