@@ -218,6 +218,9 @@ class Runner:
     """Copy data (bytes-like) into buffer h at offset, in frames of at most WRITE_FRAME bytes; large data is not copied.
     With a runner cache, large data goes by content (write_cached)."""
     mv, step = memoryview(data).cast("B"), min(WRITE_FRAME, self.maxmsg - P.MSGS[P.TWRITE].size)
+    if len(mv) < COPY_SIZE:   # one small frame, copied into the send buffer: nothing of the caller's memory is kept
+      self._send(P.TWRITE, (_TWRITE_DESC, h, offset, len(mv)), 0, [mv], handle=h, offset=offset, count=len(mv))
+      return
     if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
     with self._lending():
       for i in range(0, max(len(mv), 1), step):
