@@ -19,7 +19,7 @@ Environment:
 from __future__ import annotations
 import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
-from .resume import Replay, resume, WINDOW, COPY_RATE, COPY_MIN, COPY_MAX
+from .resume import Replay, resume, WINDOW, copy_max
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
@@ -169,7 +169,7 @@ class Runner:
       self._rs, t = Replay(), time.perf_counter()
       try:
         self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
-        self._rs.copy_max = int(min(COPY_MAX, max(COPY_MIN, (time.perf_counter() - t) * COPY_RATE)))
+        self._rs.copy_max = copy_max(time.perf_counter() - t)
       except RunnerError as e:
         if e.code in P.FATAL_ERRORS: raise
         self._rs = None   # e.g. ENOMEM for the runner's reply log: a session like any other, ended by a dropped link

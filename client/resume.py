@@ -24,8 +24,10 @@ from . import protocol as P
 WINDOW = 16 << 20   # bytes of copies and send buffers not known to be processed before a Tping asks how far the runner got
 LABEL_CLIENT, LABEL_SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
 # Copying the caller's memory that the runner has not confirmed costs about n / COPY_RATE seconds; waiting for the confirmation costs a
-# round trip. The log copies up to the bytes a round trip is worth (measured on the Tresumekey exchange), within these bounds.
+# round trip. The log copies up to the bytes a round trip is worth (measured on the Tresumekey exchange, and again on each resume, which
+# often follows a change of network), within these bounds.
 COPY_RATE, COPY_MIN, COPY_MAX = 4e9, 64 << 10, 64 << 20
+def copy_max(rtt:float) -> int: return int(min(COPY_MAX, max(COPY_MIN, rtt * COPY_RATE)))
 
 class Replay:
   """The requests sent since the last one known to be processed, and the counts a Tresume carries."""
@@ -143,8 +145,10 @@ def _attempt(r, rs:Replay, deadline:float) -> list:
   cnonce, sent = os.urandom(P.NONCE_SIZE), rs.nsent()
   mac = hmac.new(key["secret"], LABEL_CLIENT + h["nonce"] + cnonce + struct.pack("<IQQ", r.info.session, sent, rs.received),
                  hashlib.sha256).digest()
+  t = time.perf_counter()
   f = _exchange(r, P.pack(P.TRESUME, 0, session=r.info.session, sent=sent, received=rs.received, cnonce=cnonce, mac=mac),
                 P.RRESUME, f"Tresume session={r.info.session}")
+  rs.copy_max = copy_max(time.perf_counter() - t)
   if not hmac.compare_digest(f["mac"], hmac.new(key["secret"], LABEL_SERVER + cnonce + h["nonce"], hashlib.sha256).digest()):
     raise RunnerError(r.addr, P.EAUTH, "the runner's Rresume mac is wrong: it does not hold the session's key", None, "Tresume")
   try: return rs.rewind(f["processed"])
