@@ -166,7 +166,7 @@ class Runner:
                            P.cstr(f["features"]), self.maxmsg, bool(f["caps"] & P.CAP_UNIFIED))
     if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
     if f["caps"] & P.CAP_RESUME:  # the resume key, before anything a dropped link could lose (one round trip while connecting)
-      self._rs, t = Replay(), time.perf_counter()
+      self._rs, t = Replay((self._tag + 1) & 0xffffffff), time.perf_counter()
       try:
         self._wait(self._small(P.TRESUMEKEY, _HDR_COUNT, "Tresumekey", P.RESUME_ON), P.RRESUMEKEY)
         self._rs.copy_max = copy_max(time.perf_counter() - t)
@@ -302,7 +302,6 @@ class Runner:
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
     self._sent[tag] = ("Tlaunch prog={} ({})", prog, self._names.get(prog, "?"))
-    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
     flat = [x for b in bufs for x in (b[0], 0, b[1])]
     self._out += _TLAUNCH.pack(_TLAUNCH.size + 16 * nb + 8 * nv, P.TLAUNCH, P.FWAIT if wait else 0, tag, 0, prog, nb, nv, *g, *l)
     self._out += _args_struct(nb, nv).pack(*flat, *vals)
@@ -369,7 +368,6 @@ class Runner:
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
     self._sent[tag] = desc
-    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
     self._out += st.pack(st.size + (fields[0] if type == P.TPING else 0), type, 0, tag, *fields)
     return tag
 
@@ -414,7 +412,6 @@ class Runner:
     tag = self._tag = (self._tag + 1) & 0xffffffff
     self._nreq += 1
     self._sent[tag] = desc
-    if self._rs is not None: self._rs.starts.append((tag, self._rs.sent + len(self._out)))
     return tag
 
   def _send_bulk(self, data:memoryview, h:int, offset:int) -> int:
@@ -451,6 +448,7 @@ class Runner:
     rs = self._rs
     if rs.ping is None:
       rs.ping = self._small(P.TPING, _HDR_COUNT, "Tping (resume window)", 0)
+      rs.pingn = rs.issued(rs.ping) - 1
       self._skip.add(rs.ping)
       self._flush("Tping (resume window)")
     elif rs.held > 2 * WINDOW:
@@ -464,8 +462,8 @@ class Runner:
   def _sendv(self, bufs, desc):
     self._out = bytearray()
     if self._rs is not None:
-      if len(bufs) == 1: self._rs.sent_own(bufs[0])
-      else: self._rs.log(bufs)
+      if len(bufs) == 1: self._rs.sent_own(bufs[0], self._tag)
+      else: self._rs.log(bufs, self._tag)
     try:
       if len(bufs) == 1:  # the usual flush: one buffer of queued requests
         self.sock.sendall(bufs[0])
@@ -548,7 +546,7 @@ class Runner:
       buf = bytearray(n)
       self._take_into(memoryview(buf), deadline)
       data = bytes(buf)
-    if self._rs is not None: self._rs.frame(t, size, tag, f, len(self._out))
+    if self._rs is not None: self._rs.frame(t, size, tag, f, self._tag)
     return t, f, data
 
   def _wait(self, tag:int, rtype:int, dest:memoryview|None=None, stash:bool=False) -> dict:
@@ -569,7 +567,7 @@ class Runner:
           if self._rlen >= m.size and _HDR.unpack_from(self._rbuf) == (m.size, rtype, 0, tag):
             self._rpos = m.size
             (f := m.unpack(self._rbuf))["data"] = b""
-            if self._rs is not None: self._rs.frame(rtype, m.size, tag, f, len(self._out))
+            if self._rs is not None: self._rs.frame(rtype, m.size, tag, f, self._tag)
             self._done(tag)
             return f
         while True:

@@ -30,27 +30,47 @@ COPY_RATE, COPY_MIN, COPY_MAX = 4e9, 64 << 10, 64 << 20
 def copy_max(rtt:float) -> int: return int(min(COPY_MAX, max(COPY_MIN, rtt * COPY_RATE)))
 
 class Replay:
-  """The requests sent since the last one known to be processed, and the counts a Tresume carries."""
-  def __init__(self):
+  """The requests sent since the last one known to be processed, and the counts a Tresume carries. Requests are numbered from the
+  stream's first (Tresumekey), one tag each: nothing is recorded per request, so that a pipelined burst costs nothing here; the log
+  keeps whole send buffers, each with the number of the request its last byte belongs to, and finds request boundaries by their
+  frame headers only when a resume needs them."""
+  def __init__(self, tag:int):
+    self.tag0 = tag      # the tag of request number 0
     self.key: dict|None = None   # the Rresumekey fields (secret, grace, log) once it arrived
-    self.starts: collections.deque = collections.deque()  # (tag, stream offset of its first byte), per request not known processed
-    self.chunks: collections.deque = collections.deque()  # [bytes-like, lent], the request bytes handed to the socket, from base on
+    self.chunks: collections.deque = collections.deque()  # [bytes-like, lent, last]: the request bytes handed to the socket, from base on
     self.base = self.sent = 0   # sent: request bytes handed to the socket
     self.held = self.lent = 0   # bytes in chunks: the log's own, and the caller's memory (lent: valid only until its call returns)
+    self.first = 0      # the number of the first request in the log
     self.acked = 0      # requests known to be processed
+    self.nsent = 0      # requests handed to the socket
     self.received = 0   # bytes of whole frames received
-    self.ping: int|None = None  # the tag of the Tping sent to trim the log, until the runner has processed it
+    self.ping: int|None = None  # the tag of the Tping sent to trim the log, until the runner has processed it (its number: pingn)
+    self.pingn = 0
     self.copy_max = COPY_MIN    # lent bytes Runner._release copies rather than wait a round trip for
 
-  def log(self, bufs):
-    """bufs went to the socket: send buffers and immutable bytes are the log's own, other memoryviews the caller's."""
+  def issued(self, newest:int) -> int:
+    """Requests issued, newest being the tag of the newest (fewer than 2^32 of them not known processed)."""
+    return self.acked + ((newest + 1 - self.tag0 - self.acked) & 0xffffffff)
+
+  def log(self, bufs, newest:int):
+    """bufs went to the socket, ending with the bytes of request tag newest: send buffers and immutable bytes are the log's own, other
+    memoryviews the caller's."""
+    self.nsent = last = self.issued(newest)
+    last -= 1
     for b in bufs:
       if not (n := b.nbytes if isinstance(b, memoryview) else len(b)): continue
       lent = isinstance(b, memoryview) and not isinstance(b.obj, bytes)
-      self.chunks.append([b, lent])
+      self.chunks.append([b, lent, last])
       self.sent += n
       if lent: self.lent += n
       else: self.held += n
+
+  def sent_own(self, b:bytearray, newest:int):
+    """log([b], newest) for the usual flush: one send buffer, the log's own."""
+    self.nsent = n = self.issued(newest)
+    self.chunks.append([b, False, n - 1])
+    self.sent += (n := len(b))
+    self.held += n
 
   def own(self):
     """The caller takes its memory back: copy what of it the log still holds."""
@@ -58,57 +78,49 @@ class Replay:
       if c[1]: c[0], c[1] = bytes(c[0]), False
     self.held, self.lent = self.held + self.lent, 0
 
-  def sent_own(self, b:bytearray):
-    """log([b]) for the usual flush: one send buffer, the log's own."""
-    self.chunks.append([b, False])
-    self.sent += (n := len(b))
-    self.held += n
-
-  def frame(self, t:int, size:int, tag:int, f:dict, pending:int):
-    """A whole frame arrived: count it, and drop the requests it shows were processed. pending: bytes queued but not sent."""
+  def frame(self, t:int, size:int, tag:int, f:dict, newest:int):
+    """A whole frame arrived: count it, and drop the requests it shows were processed (a reply or Rerror to request n: all up to n).
+    newest: the tag of the newest request issued."""
     self.received += size
     if t == P.RRESUMEKEY and f.get("grace"): self.key = f
-    st = self.starts
-    if st and not pending and tag == st[-1][0]:   # the usual wait: the reply to the newest request, nothing queued behind it
-      self.acked += len(st)
-      st.clear()
+    if (d := (tag - self.tag0 - self.acked) & 0xffffffff) >= (newest + 1 - self.tag0 - self.acked) & 0xffffffff: return  # not outstanding
+    self.acked += d + 1
+    if self.ping is not None and self.pingn < self.acked: self.ping = None
+    if self.acked >= self.nsent:   # the usual wait: everything handed to the socket is processed
       self.chunks.clear()
-      self.base, self.held, self.lent, self.ping = self.sent, 0, 0, None
-      return
-    if tag == self.ping: self.ping = None   # also when a resume already dropped its request (sent again by the runner, processed before)
-    if not st or (i := (tag - st[0][0]) & 0xffffffff) >= len(st): return
-    if self.ping is not None and (self.ping - st[0][0]) & 0xffffffff <= i: self.ping = None
-    for _ in range(i + 1): st.popleft()
-    self.acked += i + 1
-    self.trim(min(st[0][1] if st else self.sent + pending, self.sent))
+      self.base, self.held, self.lent, self.first = self.sent, 0, 0, self.nsent
+    else: self.drop(self.acked)
 
-  def trim(self, to:int):
-    while self.chunks and self.base + (n := _len(self.chunks[0][0])) <= to:
-      b, lent = self.chunks.popleft()
-      self.base += n
+  def drop(self, upto:int):
+    """Drop the send buffers all of whose requests are numbered below upto."""
+    ch = self.chunks
+    while ch and ch[0][2] < upto:
+      b, lent, last = ch.popleft()
+      n = _len(b)
+      self.base, self.first = self.base + n, last + 1
       if lent: self.lent -= n
       else: self.held -= n
-    if self.chunks and self.base < to:
-      k, c = to - self.base, self.chunks[0]
-      c[0] = memoryview(c[0])[k:]
-      self.base = to
-      if c[1]: self.lent -= k
-      else: self.held -= k
-
-  def nsent(self) -> int:
-    """Requests handed to the socket (the ones still queued in the send buffer start at or after self.sent)."""
-    n = len(self.starts)
-    while n and self.starts[n - 1][1] >= self.sent: n -= 1
-    return self.acked + n
 
   def rewind(self, processed:int) -> list:
     """The runner processed this many requests: drop those, and return the bytes of the others that were sent, to send again."""
-    n = self.nsent()
-    if not self.acked <= processed <= n:
-      raise ValueError(f"the runner says it processed {processed} requests; the client sent {n} and knew {self.acked} processed")
-    for _ in range(processed - self.acked): self.starts.popleft()
+    if not self.acked <= processed <= self.nsent:
+      raise ValueError(f"the runner says it processed {processed} requests; the client sent {self.nsent} and knew {self.acked} processed")
     self.acked = processed
-    self.trim(min(self.starts[0][1], self.sent) if self.starts else self.sent)
+    self.drop(processed)
+    k, ci, off = 0, 0, 0   # bytes of the processed - first requests still in the log: found by their frame headers (each in one buffer)
+    for _ in range(processed - self.first):
+      while off >= _len(self.chunks[ci][0]): off, ci = off - _len(self.chunks[ci][0]), ci + 1
+      size = int.from_bytes(memoryview(self.chunks[ci][0])[off:off + 4], "little")
+      k, off = k + size, off + size
+    while k:
+      c = self.chunks[0]
+      n = min(k, _len(c[0]))
+      if n == _len(c[0]): self.chunks.popleft()
+      else: c[0] = memoryview(c[0])[n:]
+      self.base, k = self.base + n, k - n
+      if c[1]: self.lent -= n
+      else: self.held -= n
+    self.first = processed
     return [c[0] for c in self.chunks]
 
 def _len(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
@@ -142,7 +154,7 @@ def _attempt(r, rs:Replay, deadline:float) -> list:
                   P.RAUTH, "Tauth")
     if not hmac.compare_digest(a["mac"], hmac.new(r._token, AUTH_SERVER + cn + h["nonce"], hashlib.sha256).digest()):
       raise RunnerError(r.addr, P.EAUTH, "the runner's Rauth mac is wrong: it does not hold the token", None, "Tauth")
-  cnonce, sent = os.urandom(P.NONCE_SIZE), rs.nsent()
+  cnonce, sent = os.urandom(P.NONCE_SIZE), rs.nsent
   mac = hmac.new(key["secret"], LABEL_CLIENT + h["nonce"] + cnonce + struct.pack("<IQQ", r.info.session, sent, rs.received),
                  hashlib.sha256).digest()
   t = time.perf_counter()

@@ -295,22 +295,35 @@ def test_client_close_ends_the_session_at_once(rp):
 
 def test_replay_log_trims_on_replies_and_rewinds_to_what_was_not_processed():
   from client.resume import Replay
-  rs = Replay()
-  reqs = [(10 + i, bytes([i]) * (i + 1)) for i in range(5)]   # tags 10..14, 1..5 bytes each
-  pos = 0
-  for tag, b in reqs:
-    rs.starts.append((tag, pos))
-    pos += len(b)
-  rs.log([b for _, b in reqs[:4]])                       # 10 bytes handed to the socket; the fifth request is still queued
-  assert rs.sent == 10 and rs.nsent() == 4
-  rs.frame(P.RPING, 16, 11, {}, pending=5)               # a reply to tag 11: tags 10 and 11 were processed
-  assert (rs.acked, rs.base, rs.held, rs.received) == (2, 3, 7, 16)
-  rs.frame(P.RERROR, 20, 999, {}, pending=5)             # a tag outside the window changes nothing but the count
+  ping = lambda tag, n: P.pack(P.TPING, tag, payload_len=n, count=n) + bytes([tag]) * n
+  rs = Replay(10)                                        # request 0 has tag 10
+  a, b = bytearray(ping(10, 1) + ping(11, 2)), bytearray(ping(12, 3) + ping(13, 4))
+  rs.sent_own(a, 11)                                     # two flushes; the fifth request (tag 14) is still queued
+  rs.log([b], 13)
+  assert rs.sent == len(a) + len(b) and rs.nsent == 4
+  rs.frame(P.RPING, 16, 11, {}, 14)                      # a reply to tag 11: requests 0 and 1 were processed
+  assert (rs.acked, rs.base, rs.held, rs.received) == (2, len(a), len(b), 16)
+  rs.frame(P.RERROR, 20, 999, {}, 14)                    # a tag outside the window changes nothing but the count
   assert (rs.acked, rs.received) == (2, 36)
-  assert b"".join(rs.rewind(3)) == b"\3" * 4             # the runner processed tag 12 too: tag 13 goes again
-  assert rs.acked == 3 and rs.nsent() == 4
+  assert b"".join(rs.rewind(3)) == ping(13, 4)           # the runner processed tag 12 too: tag 13 goes again
+  assert rs.acked == 3 and rs.nsent == 4
   with pytest.raises(ValueError): rs.rewind(5)          # more than the client sent: the resume fails (ERESUME)
   with pytest.raises(ValueError): rs.rewind(2)          # fewer than a reply already showed
+
+def test_replay_log_rewinds_across_a_payload_sent_from_the_callers_memory():
+  """A Twrite's fixed part ends one send buffer and its data, the caller's memory, is the next: a rewind finds the requests after it
+  by their frame headers, and the caller's memory goes again until the call that lent it returns (Runner._release)."""
+  from client.resume import Replay
+  data = memoryview(bytearray(b"D" * 100))
+  rs = Replay(0xfffffffe)                               # tags wrap: requests 0..3 have tags 0xfffffffe, 0xffffffff, 0, 1
+  rs.log([bytearray(P.pack(P.TPING, 0xfffffffe) + P.pack(P.TWRITE, 0xffffffff, payload_len=100, handle=1, count=100)), data], 0xffffffff)
+  rs.sent_own(bytearray(P.pack(P.TPING, 0) + P.pack(P.TPING, 1)), 1)
+  assert (rs.nsent, rs.lent) == (4, 100)
+  assert b"".join(rs.rewind(1)) == P.pack(P.TWRITE, 0xffffffff, payload_len=100, handle=1, count=100) + b"D" * 100 + \
+    P.pack(P.TPING, 0) + P.pack(P.TPING, 1)
+  assert b"".join(rs.rewind(2)) == P.pack(P.TPING, 0) + P.pack(P.TPING, 1) and rs.lent == 0
+  rs.frame(P.RPING, 16, 1, {}, 1)                        # the reply to the newest: the log is empty
+  assert (rs.acked, rs.held, list(rs.chunks)) == (4, 0, [])
 
 def test_a_large_upload_keeps_the_replay_log_bounded_and_survives_a_cut():
   from client.resume import WINDOW
@@ -319,8 +332,8 @@ def test_a_large_upload_keeps_the_replay_log_bounded_and_survives_a_cut():
     with LinkCutter(r.addr) as lc, Runner(lc.addr) as c:
       data = np.random.default_rng(1).integers(0, 255, 48 << 20, dtype=np.uint8)
       peak, log = [0], c._rs.log
-      def logged(bufs):
-        log(bufs)
+      def logged(bufs, newest):
+        log(bufs, newest)
         peak[0] = max(peak[0], c._rs.held)
       c._rs.log = logged
       c.alloc(1, data.nbytes)
