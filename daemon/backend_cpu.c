@@ -116,6 +116,12 @@ call(kernel_fn fn, const uint64_t *a)
 	    a[56], a[57], a[58], a[59], a[60], a[61], a[62]);
 }
 
+/* Where the extensions are read at run time (cpuid, HWCAP, the ISA string).
+ * macOS arm64 reports none: its cpu name, apple-m1, implies what every
+ * Apple-silicon Mac has. */
+#if defined(__x86_64__) || \
+    (defined(__linux__) && (defined(__aarch64__) || defined(__riscv)))
+
 /* Appends "+name" to the comma-separated list f (size len), if it fits:
  * Rhello has 128 bytes, and a feature left out only means code that does
  * not use it. */
@@ -127,6 +133,7 @@ feat_add(char *f, size_t len, const char *name)
 	if (n + strlen(name) + 3 <= len)
 		snprintf(f + n, len - n, "%s+%s", n ? "," : "", name);
 }
+#endif
 
 #if defined(__x86_64__)
 /* CPU features clang knows that the x86-64 levels leave out (or that a CPU

@@ -196,7 +196,10 @@ int
 cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 {
 	int sv[2], status;
-	pid_t child, helper = getpid();
+	pid_t child;
+#ifdef __linux__
+	pid_t helper = getpid();	/* the session's parent, checked below */
+#endif
 
 	/* Without a helper, the confined session must not touch the store
 	 * itself (its filter would end it): no cache for it. */
@@ -213,7 +216,8 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 	}
 	helper_failed = 0;
 	if (child == 0) {
-		/* The session. It must not outlive its helper either. */
+		/* The session. It must not outlive its helper either (on Linux:
+		 * other systems have no parent-death signal). */
 		close(sv[0]);
 		helper_fd = sv[1];
 #ifdef __linux__
