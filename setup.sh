@@ -7,7 +7,8 @@
 # library) and dbus-daemon, the arm64 and riscv64 cross compilers with their
 # C libraries and qemu-user (Debian: cross builds, and runners of those CPUs
 # under emulation, a test harness), creates .venv with the client and its test
-# dependencies, and builds daemon/metal_runner (and, for tests on Linux,
+# dependencies (among them zig, PyPI's ziglang: the macOS build checked on
+# Linux), and builds daemon/metal_runner (and, for tests on Linux,
 # daemon/metal_runner_emu).
 set -eu
 cd "$(dirname "$0")"
@@ -40,6 +41,7 @@ Linux)
 		[ -x /usr/sbin/avahi-daemon ] || missing="$missing avahi-daemon"
 		need dbus-daemon || missing="$missing dbus-daemon"
 		# advertise_dnssd.c (macOS) is compiled against its dns_sd.h
+		# (tests/test_discovery.py, tests/test_macos_build.py)
 		pkg-config --exists avahi-compat-libdns_sd 2>/dev/null || missing="$missing libavahi-compat-libdnssd-dev"
 		# Cross builds (make -C daemon cross) and their runners under
 		# qemu-user (tests/test_qemu_runners.py).
@@ -71,7 +73,7 @@ esac
 if [ ! -x .venv/bin/python ]; then
 	python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi, zeroconf' 2>/dev/null; then
+if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi, zeroconf, ziglang' 2>/dev/null; then
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -m pip install -q -e ".[test]"
 fi
