@@ -21,17 +21,17 @@ pip into .cache/metal-cpp/ (git ignores it) and never committed.
 New API in runner.m or the stubs (a selector, an enum value) is picked up from the object file and the headers; nothing to list.
 """
 import ast
-import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from metal_api import CLANG, NM, ROOT, STUB, pinned_pypi_file, runner_symbols, stub_enum_values
 
 # ---- the pinned metal-cpp ------------------------------------------------------------------------------------------------
 # pymetal-cpp 0.1.5 (PyPI sdist) vendors metal-cpp 367.4.2 (Metal/MTLVersion.hpp), the macOS 15 / iOS 18 release.
@@ -59,12 +59,7 @@ NOT_IN_METALCPP_ENUMS = {
     lambda mc: _storage_mode_shift(mc)),
 }
 
-ROOT = Path(__file__).resolve().parent.parent
-RUNNER = ROOT / "daemon" / "runner.m"
-STUB = ROOT / "tests" / "metal_stub"
 CACHE = ROOT / ".cache" / "metal-cpp"
-CLANG = shutil.which("clang")
-NM = shutil.which("nm") or shutil.which("llvm-nm")
 
 pytestmark = [
   pytest.mark.skipif(CLANG is None, reason="clang is not installed, and compiling daemon/runner.m for its selector list "
@@ -74,53 +69,7 @@ pytestmark = [
                      "the GNU-runtime object file this check reads is a Linux build"),
 ]
 
-# The flags: an object file (-c) for the GNU runtime (-fobjc-runtime=gcc), whose symbols name the selectors and classes;
-# blocks for <dispatch/dispatch.h>; manual retain/release as runner.m requires; -D__APPLE__ and MR_BACKEND_METAL so the
-# Metal backend is compiled, against the stubs (-I tests/metal_stub) as in tests/test_metal_typecheck.py.
-OBJC_FLAGS = ["-x", "objective-c", "-fobjc-runtime=gcc", "-fblocks", "-fno-objc-arc", "-DMR_BACKEND_METAL", "-D__APPLE__=1"]
-
-
 # ---- getting metal-cpp ---------------------------------------------------------------------------------------------------
-
-def _unavailable(why: str):
-  """No network: a failure on Linux CI (CI=true), where the check must run; a skip elsewhere."""
-  msg = (f"cannot obtain metal-cpp (pymetal-cpp=={PYMETAL_CPP_VERSION} from PyPI) into {CACHE}: {why}. "
-         f"Run once with network access, or put the sdist pymetal_cpp-{PYMETAL_CPP_VERSION}.tar.gz there by hand")
-  if os.environ.get("CI") == "true" and sys.platform.startswith("linux"): pytest.fail(msg, pytrace=False)
-  pytest.skip(msg)
-
-
-def _sha256(p: Path) -> str:
-  return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def _hash_mismatch(p: Path, got: str):
-  pytest.fail(f"{p} has SHA-256 {got}, but pymetal-cpp=={PYMETAL_CPP_VERSION} is pinned to {PYMETAL_CPP_SDIST_SHA256} "
-              f"(tests/test_metal_api_metalcpp.py). Either the download is not the file that was pinned, or the pin was "
-              f"changed without its hash: delete {CACHE} and check the pin", pytrace=False)
-
-
-def _download(dest: Path):
-  """pip downloads the sdist; --require-hashes makes pip refuse a file with another hash before it runs anything from it.
-  pip still prepares the sdist's metadata, in an isolated build environment: --no-binary names pymetal-cpp only, since
-  `--no-binary :all:` would build that environment's own packages (scikit-build-core, nanobind) from source too, which
-  can take many minutes."""
-  with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-    req = Path(tmp) / "requirements.txt"
-    req.write_text(f"pymetal-cpp=={PYMETAL_CPP_VERSION} --hash=sha256:{PYMETAL_CPP_SDIST_SHA256}\n")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "pymetal-cpp", "--require-hashes",
-           "--disable-pip-version-check", "-q", "-r", str(req), "-d", str(Path(tmp) / "dl")]
-    try: r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as e: _unavailable(f"{' '.join(cmd)}: {e}")
-    out = (r.stdout + r.stderr).strip()
-    if "DO NOT MATCH THE HASHES" in out:
-      pytest.fail(f"PyPI's pymetal-cpp=={PYMETAL_CPP_VERSION} sdist does not have the pinned SHA-256 "
-                  f"{PYMETAL_CPP_SDIST_SHA256} (tests/test_metal_api_metalcpp.py): pip says\n{out[-1500:]}", pytrace=False)
-    got = list((Path(tmp) / "dl").glob("*.tar.gz")) if r.returncode == 0 else []
-    if len(got) != 1: _unavailable(f"pip download exited {r.returncode}: {out[-1500:]}")
-    if (h:=_sha256(got[0])) != PYMETAL_CPP_SDIST_SHA256: _hash_mismatch(got[0], h)
-    os.replace(got[0], dest)
-
 
 def _extract(sdist: Path, dest: Path):
   """Only <top>/thirdparty/metal-cpp/, regular files and folders, no path leaving it."""
@@ -143,11 +92,12 @@ def _extract(sdist: Path, dest: Path):
 
 
 def get_metalcpp() -> Path:
-  """The metal-cpp tree of the pinned sdist: .cache/metal-cpp/pymetal-cpp-<version>/metal-cpp."""
-  CACHE.mkdir(parents=True, exist_ok=True)
-  sdist = CACHE / f"pymetal_cpp-{PYMETAL_CPP_VERSION}.tar.gz"
-  if not sdist.exists(): _download(sdist)
-  if (h:=_sha256(sdist)) != PYMETAL_CPP_SDIST_SHA256: _hash_mismatch(sdist, h)
+  """The metal-cpp tree of the pinned sdist: .cache/metal-cpp/pymetal-cpp-<version>/metal-cpp.
+  pip still prepares the sdist's metadata, in an isolated build environment: --no-binary names pymetal-cpp only, since
+  `--no-binary :all:` would build that environment's own packages (scikit-build-core, nanobind) from source too, which can
+  take many minutes."""
+  sdist = pinned_pypi_file(CACHE / f"pymetal_cpp-{PYMETAL_CPP_VERSION}.tar.gz", f"pymetal-cpp=={PYMETAL_CPP_VERSION}",
+                           PYMETAL_CPP_SDIST_SHA256, ["--no-binary", "pymetal-cpp"], "tests/test_metal_api_metalcpp.py")
   tree = CACHE / f"pymetal-cpp-{PYMETAL_CPP_VERSION}" / "metal-cpp"
   marker = tree / ".sdist-sha256"
   if not marker.exists() or marker.read_text() != PYMETAL_CPP_SDIST_SHA256:
@@ -242,54 +192,6 @@ def _storage_mode_shift(mc: dict[str, str]) -> int:
       if s: shifts |= {sh for sh in range(64) if s << sh == o} or {-1}
   assert len(shifts) == 1 and -1 not in shifts, f"metal-cpp's StorageMode / ResourceStorageMode values imply shifts {shifts}"
   return shifts.pop()
-
-
-# ---- reading runner.m and the stubs --------------------------------------------------------------------------------------
-
-def runner_symbols(src: Path = RUNNER, stub: Path = STUB) -> dict[str, set[str]]:
-  """The selectors runner.m sends, the classes it messages and the MTL/NS C functions it calls, from the object's symbols."""
-  with tempfile.TemporaryDirectory() as tmp:
-    obj = Path(tmp) / "runner.o"
-    cmd = [CLANG, "-c", *OBJC_FLAGS, "-I", str(stub), "-I", str(ROOT / "daemon"), str(src), "-o", str(obj)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stderr}"
-    nm = subprocess.run([NM, str(obj)], capture_output=True, text=True, timeout=60, check=True).stdout
-  syms = [(line.split()[-2], line.split()[-1]) for line in nm.splitlines() if len(line.split()) >= 2]
-  out = {"selectors": {s[len(".objc_sel_name"):] for _, s in syms if s.startswith(".objc_sel_name")},
-         "classes": {s[len("__objc_class_name_"):] for t, s in syms if t == "U" and s.startswith("__objc_class_name_")},
-         "functions": {s for t, s in syms if t == "U" and re.match(r"(MTL|NS)[A-Z]", s)}}
-  assert len(out["selectors"]) > 20 and "newBufferWithLength:options:" in out["selectors"], \
-    f"found {len(out['selectors'])} selector symbols in the object: has the GNU runtime's symbol naming changed?\n{nm[:2000]}"
-  return out
-
-
-def _stub_text(stub: Path) -> str:
-  return "\n".join(re.sub(r"/\*.*?\*/|//[^\n]*", "", h.read_text(), flags=re.S) for h in sorted(stub.rglob("*.h")))
-
-
-def _clang_ast(stub: Path, extra: str) -> str:
-  with tempfile.TemporaryDirectory() as tmp:
-    src = Path(tmp) / "probe.m"
-    src.write_text("".join(f'#include "{h}"\n' for h in sorted(stub.rglob("*.h"))) + extra)
-    cmd = [CLANG, "-fsyntax-only", *OBJC_FLAGS, "-I", str(stub), str(src), "-Xclang", "-ast-dump"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-  assert r.returncode == 0, f"clang could not evaluate the stubs' constants:\n{r.stderr}\n{extra}"
-  return r.stdout
-
-
-def stub_enum_values(stub: Path = STUB) -> dict[str, int]:
-  """Every MTL.../NS... enumerator and object-like #define constant the stub headers declare, valued by clang itself."""
-  text = _stub_text(stub)
-  names = {n for n in re.findall(r"EnumConstantDecl 0x[0-9a-f]+ <[^>]*> \S+ (?:referenced )?(\w+) '", _clang_ast(stub, ""))
-           if re.match(r"(MTL|NS)[A-Z]", n) and re.search(rf"\b{n}\b", text)}
-  names |= set(re.findall(r"^\s*#\s*define\s+((?:MTL|NS)[A-Z]\w*)[ \t]+\S", text, flags=re.M))
-  assert names, f"found no enum constants in {stub}"
-  order = sorted(names)
-  probe = "enum {\n" + "".join(f"  mr_probe_{i} = ({n}),\n" for i, n in enumerate(order)) + "};\n"
-  dump = _clang_ast(stub, probe)
-  vals = dict(re.findall(r"EnumConstantDecl 0x[0-9a-f]+ <[^>]*> \S+ mr_probe_(\d+) '.*?\n(?:.*\n)*?.*?value: Int (-?\d+)", dump))
-  assert len(vals) == len(order), f"clang valued {len(vals)} of {len(order)} stub constants"
-  return {order[int(i)]: int(v) for i, v in vals.items()}
 
 
 # ---- the checks: each returns the problems it found, so the sanity tests can feed them wrong input ---------------------------
