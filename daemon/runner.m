@@ -102,6 +102,7 @@ struct be_program {
 struct be_buffer {
 	id <MTLBuffer> buf;		/* owned */
 	void *ptr;			/* [buf contents], fixed for its life */
+	uint64_t size;			/* its length */
 };
 
 struct be_session {
@@ -697,6 +698,7 @@ mtl_alloc_body(uint64_t size, char *err)
 		return NULL;
 	}
 	b->ptr = [b->buf contents];
+	b->size = size;
 	return b;
 }
 
@@ -969,16 +971,23 @@ mtl_check(const struct be_launch *l, char *err)
 static void
 mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
 {
+	uint64_t off;
 	uint32_t v;
 	int64_t v8;
 	uint16_t i;
 
 	/* Select the kernel. */
 	[enc setComputePipelineState:l->prog->pipe->pipe];
-	/* Bind the buffers to entries 0 .. nbufs-1. */
-	for (i = 0; i < l->nbufs; i++)
-		[enc setBuffer:l->bufs[i]->buf
-		    offset:(NSUInteger)l->offsets[i] atIndex:i];
+	/* Bind the buffers to entries 0 .. nbufs-1. An offset equal to the
+	 * buffer's size (an empty range, which the protocol allows) is
+	 * outside the buffer for Metal, whose validation layer stops the
+	 * process on it (setBuffer:offset:atIndex: wants offset < length):
+	 * such a range is bound at offset 0. The kernel may touch none of
+	 * its bytes either way. */
+	for (i = 0; i < l->nbufs; i++) {
+		off = l->offsets[i] < l->bufs[i]->size ? l->offsets[i] : 0;
+		[enc setBuffer:l->bufs[i]->buf offset:(NSUInteger)off atIndex:i];
+	}
 	/* Copy each integer in after them, with the width the kernel
 	 * declares: constant int& (32 bits), or constant long& (64) for a
 	 * variable whose range needs it, as tinygrad's ops_metal.py binds

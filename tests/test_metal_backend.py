@@ -16,6 +16,8 @@ PUT32 = HEAD + f"kernel void put32(device int* out, constant int& v, {IDS}) {{ o
 ADD1 = HEAD + f"kernel void add1(device float* out, device float* a, {IDS}) {{ out[gid.x] = a[gid.x] + 1.0f; }}\n"
 # writes one float past the end of a 16-byte buffer
 OOB = HEAD + f"kernel void oob(device float* out, {IDS}) {{ out[4 + gid.x] = 1.0f; }}\n"
+# writes its first buffer only: the second may be an empty range
+FIRST = HEAD + f"kernel void first(device float* out, device float* unused, {IDS}) {{ out[0] = 42.0f; }}\n"
 VERSION = HEAD + f"kernel void version(device int* out, {IDS}) {{ out[0] = __METAL_VERSION__; }}\n"
 
 def load(c:Raw, prog:int, src:str, nbufs:int, nvals:int=0, wide:int=0, kind:int=P.PROG_METAL_SOURCE, name:str|None=None) -> int:
@@ -162,11 +164,38 @@ def test_language_version_is_pinned(c, emulator_only):
 
 # *** the emulator's validation layer and its guard pages, seen through the runner
 
-def test_offset_at_end_of_buffer_fails_validation(c, informative_validation):
+# *** issue 20 e: an offset equal to the buffer's size (an empty range, which Tlaunch allows) never reaches setBuffer:offset:atIndex:,
+# where Metal's validation layer requires offset < length and stops the process otherwise
+
+def test_offset_at_end_of_buffer_runs(c):
   c.alloc(1, 64); c.alloc(2, 64)
-  load(c, 1, ADD1, 2)
-  code, text = launch_error(c, 1, [(1, 0), (2, 64)])   # the runner allows offset == size; Metal does not
-  assert code == P.EDEVICE and "offset(64) must be < [buffer length](64)" in text, text
+  load(c, 1, FIRST, 2)
+  launched(c, 1, [(1, 0), (2, 64)])                    # before the fix: EDEVICE, "offset(64) must be < [buffer length](64)"
+  assert struct.unpack("<f", c.read(1, 0, 4))[0] == 42.0
+
+def test_offset_at_end_of_buffer_under_the_debug_layer(metal_addr):
+  # under MTL_DEBUG_LAYER=1 (as the macOS workflow runs) the layer stops the process on such an offset, ending every session
+  needs_own_metal_runner()
+  r = metal_runner_proc(env={"MTL_DEBUG_LAYER": "1"})
+  try:
+    bystander, c = Raw(r.addr), Raw(r.addr)
+    bystander.alloc(1, 64)
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 1, FIRST, 2)
+    c.launch(1, [(1, 0), (2, 64)], wait=True)
+    t, f, _ = c.frame()                                # before the fix: the runner aborts, "connection closed after 0 of 12 bytes"
+    assert t == P.RLAUNCH, (P.TYPE_NAMES.get(t), f)
+    assert r.alive() and bystander.read(1, 0, 4) == bytes(4)
+    c.close(); bystander.close()
+  finally:
+    r.stop()
+  assert "failed assertion" not in "\n".join(r.log), r.log_text(0)
+
+def test_offset_past_end_of_buffer_is_erange(c):
+  c.alloc(1, 64); c.alloc(2, 64)
+  load(c, 1, FIRST, 2)
+  code, text = launch_error(c, 1, [(1, 0), (2, 65)])
+  assert code == P.ERANGE and "offset 65 is past the end" in text, text
 
 def test_missing_binding_fails_validation(c, informative_validation):
   c.alloc(1, 64)
