@@ -286,22 +286,13 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 			goto fail;
 		}
 		/*
-		 * IEEE-safe math, as tinygrad compiles unless METAL_FAST_MATH is
-		 * set (Metal's own default is fast math). fastMathEnabled is
-		 * deprecated from macOS 15 but its replacement, mathMode, is not
-		 * in the macOS 14 SDK; on 15 the system maps NO to
-		 * MTLMathModeSafe.
-		 */
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wdeprecated-declarations"
-		opt.fastMathEnabled = NO;
-#pragma clang diagnostic pop
-		/*
 		 * The language version tinygrad's MetalCompiler pins
 		 * (ops_metal.py: metal4.0 from macOS 26, 3.1 from 14, 3.0 on
 		 * 13, else 2.0), not the newest the system has, so a kernel
 		 * means here what it means to tinygrad on the same Mac. 4.0 is
-		 * spelled (4 << 16), as SDKs before 26 lack its name.
+		 * spelled (4 << 16), as SDKs before 26 lack its name. It comes
+		 * first: mathMode's default "depends on the language standard
+		 * version" (MTLLibrary.h), so the math settings follow it.
 		 */
 		if (@available(macOS 26.0, *))
 			opt.languageVersion = (MTLLanguageVersion)(4 << 16);
@@ -311,6 +302,30 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 			opt.languageVersion = MTLLanguageVersion3_0;
 		else
 			opt.languageVersion = MTLLanguageVersion2_0;
+		/*
+		 * IEEE-safe math, as tinygrad compiles (-fno-fast-math) unless
+		 * METAL_FAST_MATH is set; Metal's own default is fast math.
+		 * From macOS 15 that is two settings, both set here rather than
+		 * left to the deprecated fastMathEnabled's mapping: mathMode
+		 * Safe, and the precise FP32 functions (the header's default
+		 * is Fast). SDKs before 15 (no __MAC_15_0) declare neither, and
+		 * systems before 15 know only fastMathEnabled.
+		 */
+#ifdef __MAC_15_0
+		if (@available(macOS 15.0, *)) {
+			/* No unsafe floating-point optimizations. */
+			opt.mathMode = MTLMathModeSafe;
+			/* The precise FP32 math functions. */
+			opt.mathFloatingPointFunctions =
+			    MTLMathFloatingPointFunctionsPrecise;
+		} else
+#endif
+		{
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+			opt.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+		}
 		/* Compile the source. */
 		lib = [mtl_dev newLibraryWithSource:src options:opt error:&e];
 		if (lib == nil) {

@@ -61,11 +61,11 @@ enum { EMU_FPFUNC_FAST = 0, EMU_FPFUNC_PRECISE = 1 };
 	o->fpfunctions = on ? EMU_FPFUNC_FAST : EMU_FPFUNC_PRECISE;
 	[o record:"fastMathEnabled=%s", on ? "YES" : "NO"];
 }
-- (NSInteger)mathMode
+- (MTLMathMode)mathMode
 {
-	return ((EmuCompileOptions *)self)->mathmode;
+	return (MTLMathMode)((EmuCompileOptions *)self)->mathmode;
 }
-- (void)setMathMode:(NSInteger)mode
+- (void)setMathMode:(MTLMathMode)mode
 {
 	static const char *names[] = { "safe", "relaxed", "fast" };
 
@@ -73,11 +73,12 @@ enum { EMU_FPFUNC_FAST = 0, EMU_FPFUNC_PRECISE = 1 };
 	[(EmuCompileOptions *)self record:"mathMode=%s", mode >= 0 && mode <= 2 ?
 	    names[mode] : "?"];
 }
-- (NSInteger)mathFloatingPointFunctions
+- (MTLMathFloatingPointFunctions)mathFloatingPointFunctions
 {
-	return ((EmuCompileOptions *)self)->fpfunctions;
+	return (MTLMathFloatingPointFunctions)
+	    ((EmuCompileOptions *)self)->fpfunctions;
 }
-- (void)setMathFloatingPointFunctions:(NSInteger)f
+- (void)setMathFloatingPointFunctions:(MTLMathFloatingPointFunctions)f
 {
 	((EmuCompileOptions *)self)->fpfunctions = f;
 	[(EmuCompileOptions *)self record:"mathFloatingPointFunctions=%s",

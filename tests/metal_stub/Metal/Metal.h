@@ -83,6 +83,22 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
 	MTLLanguageVersion3_1 = (3 << 16) + 1
 };
 
+/* typedef NS_ENUM(NSInteger, MTLMathMode)  (macOS 15; MTLLibrary.h:
+ * Safe = 0, Relaxed = 1, Fast = 2). Only the value runner.m names.
+ * https://developer.apple.com/documentation/metal/mtlmathmode
+ * https://developer.apple.com/documentation/metal/mtlmathmode/safe */
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+	MTLMathModeSafe = 0
+} API_AVAILABLE(macos(15.0));
+
+/* typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions)  (macOS 15;
+ * MTLLibrary.h: Fast = 0, Precise = 1). Only the value runner.m names.
+ * https://developer.apple.com/documentation/metal/mtlmathfloatingpointfunctions
+ * https://developer.apple.com/documentation/metal/mtlmathfloatingpointfunctions/precise */
+typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
+	MTLMathFloatingPointFunctionsPrecise = 1
+} API_AVAILABLE(macos(15.0));
+
 /* https://developer.apple.com/documentation/metal/mtlcompileoptions */
 @interface MTLCompileOptions : NSObject
 /* @property(readwrite, nonatomic) MTLLanguageVersion languageVersion;
@@ -96,6 +112,19 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
  * https://developer.apple.com/documentation/metal/mtlcompileoptions/fastmathenabled */
 @property (readwrite, nonatomic) BOOL fastMathEnabled
     __attribute__((deprecated("Use mathMode instead")));
+/* @property(readwrite, nonatomic) MTLMathMode mathMode;  (macOS 15)
+ * "Sets the floating-point arithmetic optimizations. Default depends on
+ * the language standard version." (MTLLibrary.h); fastMathEnabled NO
+ * sets it to MTLMathModeSafe.
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/mathmode */
+@property (readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0));
+/* @property(readwrite, nonatomic) MTLMathFloatingPointFunctions
+ *     mathFloatingPointFunctions;  (macOS 15)
+ * "The FP32 math functions Metal uses"; the default is Fast.
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/mathfloatingpointfunctions
+ * https://developer.apple.com/documentation/metal/mtlmathfloatingpointfunctions/fast */
+@property (readwrite, nonatomic) MTLMathFloatingPointFunctions
+    mathFloatingPointFunctions API_AVAILABLE(macos(15.0));
 @end
 
 /* ---- MTLComputePipeline.h ---- */
