@@ -127,6 +127,13 @@ struct backend {
 	/* Now, in ns of the clock spans are measured in (Rclock): CPU,
 	 * CLOCK_MONOTONIC; Metal, the host time base of GPUStartTime. */
 	uint64_t (*clock)(void);
+	/* NULL, or: the device is gone for good (Metal: every later command
+	 * buffer of the process would fail), a one-line reason, else NULL.
+	 * Any thread may ask. The session that sees it set ends, telling its
+	 * client why; the runner then ends every session and mr_serve()
+	 * returns -1, so that a service manager restarts the process. Only
+	 * for thread isolation: a session process's device is its own. */
+	const char *(*lost)(void);
 };
 
 extern const struct backend be_cpu;

@@ -38,6 +38,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +130,10 @@ static uint64_t mtl_clock;		/* under mtl_lock */
 #ifdef __APPLE__
 static mach_timebase_info_data_t mtl_timebase;	/* read-only after open */
 #endif
+/* Set once when the GPU is lost to the process (mtl_cberr); the reason is
+ * written, under mtl_lock, before the flag. */
+static char mtl_lost_why[BE_ERR_MAX];
+static atomic_int mtl_lost_set;
 
 static void mtl_seterr(char *, const char *, ...)
     __attribute__((format(printf, 2, 3)));
@@ -179,6 +184,58 @@ mtl_nserr(char *err, const char *what, NSError *e)
 		text = [[e localizedDescription] UTF8String];
 	mtl_seterr(err, "%s: %s", what,
 	    text != NULL ? text : "(Metal gave no description)");
+}
+
+/*
+ * A failed command buffer's error into err, as mtl_nserr. Three codes mean,
+ * as Apple documents them, that the process gets no more GPU work done:
+ * access revoked ("responsible for too many timeouts or hangs"), not
+ * permitted ("doesn't have access to a GPU device"), the device removed.
+ * Every later command buffer of every session would fail, so the device
+ * is marked lost (mtl_lost): the runner ends each session, saying why, and
+ * exits non-zero, for launchd or systemd to start it again. The error's
+ * domain is MTLCommandBufferErrorDomain ([cb error]), so its code is one
+ * of MTLCommandBufferError's.
+ */
+static void
+mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
+{
+	NSError *e = [cb error];
+	const char *name, *text = NULL;
+
+	switch (e != nil ? (NSUInteger)[e code] : 0) {
+	case MTLCommandBufferErrorAccessRevoked:
+		name = "MTLCommandBufferErrorAccessRevoked (4)";
+		break;
+	case MTLCommandBufferErrorNotPermitted:
+		name = "MTLCommandBufferErrorNotPermitted (7)";
+		break;
+	case MTLCommandBufferErrorDeviceRemoved:
+		name = "MTLCommandBufferErrorDeviceRemoved (11)";
+		break;
+	default:
+		mtl_nserr(err, what, e);
+		return;
+	}
+	text = [[e localizedDescription] UTF8String];
+	pthread_mutex_lock(&mtl_lock);
+	if (!atomic_load(&mtl_lost_set)) {
+		mtl_seterr(mtl_lost_why, "the GPU is lost to this runner's "
+		    "process (%s: %s): every later command buffer would fail; "
+		    "the runner is exiting so that its service manager "
+		    "restarts it", name, text != NULL ? text :
+		    "(Metal gave no description)");
+		atomic_store(&mtl_lost_set, 1);
+	}
+	pthread_mutex_unlock(&mtl_lock);
+	mtl_seterr(err, "%s: %s", what, mtl_lost_why);
+}
+
+/* backend.h, lost: the reason the GPU is gone for good, or NULL. */
+static const char *
+mtl_lost(void)
+{
+	return atomic_load(&mtl_lost_set) ? mtl_lost_why : NULL;
 }
 
 /* ---- the pipeline cache ---- */
@@ -566,7 +623,7 @@ mtl_reap(struct be_session *s, int waitall)
 			continue;
 		}
 		if (st == MTLCommandBufferStatusError && s->err[0] == '\0')
-			mtl_nserr(s->err, "GPU work failed", [cb error]);
+			mtl_cberr(s->err, "GPU work failed", cb);
 		if (s->fspan[i] != NULL)
 			mtl_span(cb, s->fspan[i]);
 		[cb release];
@@ -1158,7 +1215,7 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 	[cb commit];
 	[cb waitUntilCompleted];
 	if ([cb status] == MTLCommandBufferStatusError) {
-		mtl_nserr(err, "kernel failed on the GPU", [cb error]);
+		mtl_cberr(err, "kernel failed on the GPU", cb);
 		[cb release];
 		return -1;
 	}
@@ -1199,4 +1256,5 @@ const struct backend be_metal = {
 	.launch = mtl_launch,
 	.sync = mtl_sync,
 	.clock = mtl_now_ns,
+	.lost = mtl_lost,
 };

@@ -530,12 +530,31 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	return rc;
 }
 
+/*
+ * The backend lost its device for good (backend.h, lost): a final Rerror
+ * says why, after the replies and errors still queued. It goes straight
+ * to the socket: the runner wakes an idle session by shutting the
+ * socket's receiving side (server.c), which the session takes for a
+ * dropped link, while the sending side still works.
+ */
+static void
+end_lost(struct session *s, const char *why)
+{
+	sess_errorf(s, 0, PROTO_EDEVICE, "%s", why);
+	sess_drain_errors(s);
+	if (s->fd != -1 && s->outlen > 0 &&
+	    net_send_all(s->fd, s->out, s->outlen) == 0)
+		s->bytes_out += s->outlen;
+	s->outlen = 0;
+}
+
 void
 sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
     const char *peer)
 {
 	struct session *s;
 	union proto_msg m;
+	const char *why;
 	size_t fixed;
 	int rc;
 
@@ -564,6 +583,9 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		goto done;
 	}
 	for (;;) {
+		/* Nothing more can run: end, whatever the link's state. */
+		if (s->be->lost != NULL && s->be->lost() != NULL)
+			break;
 		/* A link that failed (anywhere below) ends the session, unless
 		 * the client resumes it: then the loop goes on from the first
 		 * request it had not processed (resume.c). */
@@ -633,6 +655,9 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 			break;
 		s->nproc++;
 	}
+	/* However the loop ended (the runner's stop may end it first). */
+	if (s->be->lost != NULL && (why = s->be->lost()) != NULL)
+		end_lost(s, why);
 	sess_drain_errors(s);
 	sess_flush(s);
 done:

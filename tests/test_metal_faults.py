@@ -47,3 +47,72 @@ def test_compile_options_are_explicit():
   # the language version first (mathMode's default depends on it), then both math settings; not the deprecated
   # fastMathEnabled, whose mapping left mathFloatingPointFunctions to the system
   assert opts == "languageVersion=4.0, mathMode=safe, mathFloatingPointFunctions=precise", opts
+
+# *** a: a lost GPU (MTLCommandBufferError AccessRevoked 4, NotPermitted 7, DeviceRemoved 11: every later command buffer of the
+# process fails) stops the runner, which says why to every session and exits non-zero, for its service manager to restart it
+
+def final_error(c:Raw) -> tuple[int, int, str]:
+  """The Rerror that ends a connection, then its end."""
+  code, tag, text = c.error()
+  assert c.closed(), "the runner kept the connection open after its final error"
+  return code, tag, text
+
+@pytest.mark.parametrize("code,name", [(4, "AccessRevoked"), (7, "NotPermitted"), (11, "DeviceRemoved")])
+def test_gpu_loss_stops_the_runner(code, name):
+  r = emulated(METAL_EMU_FAIL=f"{code}@2")
+  try:
+    idle, c = Raw(r.addr), Raw(r.addr)          # idle: a session that only waits for its next request
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 1, ADD1, 2)
+    c.launch(1, [(1, 0), (2, 0)], wait=True)   # command buffer 1 runs
+    assert c.frame()[0] == P.RLAUNCH
+    tag = c.launch(1, [(1, 0), (2, 0)], wait=True)   # command buffer 2: the GPU is lost
+    ecode, etag, text = c.error()
+    assert (ecode, etag) == (P.EDEVICE, tag) and f"MTLCommandBufferError{name} ({code})" in text and "lost" in text, text
+    # then every session, this one and the idle one, gets a final EDEVICE (tag 0) naming the loss, and its connection ends
+    for s in (c, idle):
+      fcode, ftag, ftext = final_error(s)
+      assert (fcode, ftag) == (P.EDEVICE, 0) and f"MTLCommandBufferError{name} ({code})" in ftext and "restart" in ftext, ftext
+    # the runner stops accepting and exits with a failure status, so that launchd (KeepAlive: SuccessfulExit false) or
+    # systemd (Restart=on-failure) starts it again
+    r.proc.wait(timeout=10)
+    assert r.proc.returncode == 1, r.proc.returncode
+    with pytest.raises(OSError): socket.create_connection(("127.0.0.1", r.port), timeout=2).close()
+  finally:
+    r.stop()
+  assert "lost" in r.log_text(0)
+
+def test_gpu_loss_found_by_a_later_request():
+  # the loss is found when the failed command buffer is reaped: a pipelined launch's failure reaches the next request
+  # that waits (here Tsync), which gets the EDEVICE naming the loss
+  r = emulated(METAL_EMU_FAIL="11@1")
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 1, ADD1, 2)
+    c.launch(1, [(1, 0), (2, 0)])
+    tag = c.req(P.TSYNC)
+    code, etag, text = c.error()
+    assert (code, etag) == (P.EDEVICE, tag) and "MTLCommandBufferErrorDeviceRemoved (11)" in text, text
+    code, etag, text = final_error(c)
+    assert (code, etag) == (P.EDEVICE, 0), text
+    r.proc.wait(timeout=10)
+    assert r.proc.returncode == 1
+  finally:
+    r.stop()
+
+def test_other_gpu_errors_end_only_the_request():
+  # a timeout (MTLCommandBufferErrorTimeout, 2) is one command buffer's failure: the session and the runner go on
+  r = emulated(METAL_EMU_FAIL="2@1")
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 1, ADD1, 2)
+    tag = c.launch(1, [(1, 0), (2, 0)], wait=True)
+    code, etag, text = c.error()
+    assert (code, etag) == (P.EDEVICE, tag) and "Timeout" in text and "lost" not in text, text
+    c.launch(1, [(1, 0), (2, 0)], wait=True)
+    assert c.frame()[0] == P.RLAUNCH and r.alive()
+    c.close()
+  finally:
+    assert r.stop() == 0   # SIGTERM: a clean stop

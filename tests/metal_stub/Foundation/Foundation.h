@@ -65,6 +65,9 @@ enum {
 /* @property(readonly, copy) NSString *localizedDescription;
  * https://developer.apple.com/documentation/foundation/nserror/localizeddescription */
 @property (readonly, copy) NSString *localizedDescription;
+/* @property(readonly) NSInteger code;
+ * https://developer.apple.com/documentation/foundation/nserror/code */
+@property (readonly) NSInteger code;
 @end
 
 @interface NSArray<__covariant ObjectType> : NSObject

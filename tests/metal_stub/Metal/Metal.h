@@ -188,6 +188,26 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
 	MTLCommandBufferStatusError = 5
 };
 
+/* typedef NS_ENUM(NSUInteger, MTLCommandBufferError): the code of a failed
+ * command buffer's error (domain MTLCommandBufferErrorDomain). Only the
+ * values runner.m names: those after which, as Apple documents them, the
+ * process gets no more GPU work done. Values from the SDK's
+ * MTLCommandBuffer.h (AccessRevoked = 4, the old Blacklisted;
+ * NotPermitted = 7; DeviceRemoved = 11).
+ * accessRevoked: "the system has revoked the Metal device's access because
+ * it's responsible for too many timeouts or hangs"; notPermitted: "a
+ * process doesn't have access to a GPU device"; deviceRemoved (macOS):
+ * "physically removed the GPU device".
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/code
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/accessrevoked
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/notpermitted
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/code/deviceremoved */
+typedef NS_ENUM(NSUInteger, MTLCommandBufferError) {
+	MTLCommandBufferErrorAccessRevoked = 4,
+	MTLCommandBufferErrorNotPermitted = 7,
+	MTLCommandBufferErrorDeviceRemoved = 11
+};
+
 @protocol MTLCommandBuffer <NSObject>
 /* @property(readonly) CFTimeInterval GPUStartTime;  (macOS 10.15)
  * https://developer.apple.com/documentation/metal/mtlcommandbuffer/gpustarttime */
