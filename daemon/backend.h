@@ -118,7 +118,9 @@ struct backend {
 	void (*unload)(struct be_session *s, struct be_program *p);
 
 	/* Launch n kernels in order (n > 1 for a graph). With wait set, return
-	 * only when they finished and store the device-measured time in *ns. */
+	 * only when they finished and store the device-measured time in *ns.
+	 * A launch that fails returns only once none of its kernels still
+	 * runs or will write a span; the session drops its profile records. */
 	int (*launch)(struct be_session *s, const struct be_launch *l, size_t n,
 	    int wait, uint64_t *ns, char *err);
 	/* Wait for all work the session submitted; report a deferred device

@@ -207,6 +207,7 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	arm_crash(s, m->h.tag, name);
 	if (s->be->launch(s->bs, &l, 1, timed, &ns, s->err) == -1) {
 		disarm_crash(s);
+		s->dirty = 1;	/* see sess_graphrun */
 		sess_prof_drop(s, l.span != NULL);
 		sess_errorf(s, m->h.tag, PROTO_EDEVICE, "kernel %s: %s", name,
 		    s->err);
@@ -426,6 +427,9 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	if (s->be->launch(s->bs, s->launches, g->count, timed, &ns,
 	    s->err) == -1) {
 		disarm_crash(s);
+		/* The backend may have submitted some of the kernels before
+		 * it failed (backend.h): host access waits for them. */
+		s->dirty = 1;
 		sess_prof_drop(s, nprof);
 		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "graph %u: %s",
 		    t->graph, s->err);

@@ -1117,11 +1117,21 @@ mtl_launch_each(struct be_session *s, const struct be_launch *l, size_t n,
 
 	mtl_commit(s);
 	for (i = 0; i < n; i++) {
-		if ((cb = mtl_cmdbuf(s, err)) == nil)
-			goto done;
 		/* Start a compute pass for this one launch. */
-		if ((enc = mtl_pass(cb, err)) == nil)
+		if ((cb = mtl_cmdbuf(s, err)) == nil ||
+		    (enc = mtl_pass(cb, err)) == nil) {
+			/*
+			 * Launches 0 .. i-1 are committed, each writing its
+			 * times into its span when it completes, but a failed
+			 * request keeps no profile records: the session drops
+			 * theirs and reuses the places. Wait for them first
+			 * (backend.h: a failed launch leaves none of its work
+			 * running), so that no span is written afterwards.
+			 */
+			if (i > 0)
+				mtl_drain(s);
 			goto done;
+		}
 		mtl_encode(enc, &l[i]);
 		/* End the compute pass. */
 		[enc endEncoding];

@@ -12,6 +12,8 @@ pytestmark = pytest.mark.metal
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
 IDS = "uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]"
+# writes one float past the end of a 16-byte buffer: a page fault on the device
+OOB = HEAD + f"kernel void oob(device float* out, {IDS}) {{ out[4 + gid.x] = 1.0f; }}\n"
 ADD1 = HEAD + f"kernel void add1(device float* out, device float* a, {IDS}) {{ out[gid.x] = a[gid.x] + 1.0f; }}\n"
 # about n dependent multiply-adds (no closed form a compiler could find), then a value that depends on all of them
 SLOW = HEAD + (f"kernel void slow(device int* out, constant int& n, {IDS}) {{\n"
@@ -116,3 +118,74 @@ def test_other_gpu_errors_end_only_the_request():
     c.close()
   finally:
     assert r.stop() == 0   # SIGTERM: a clean stop
+
+# *** c: a profiled launch (a command buffer per kernel) that fails part way, after its first kernels were committed
+
+N_SLOW = 1_000_000_000   # about 0.1-0.2 s of the emulator's CPU per kernel
+
+def lcg(n:int) -> int:
+  """SLOW's result for n: the affine map x -> a x + c mod 2^32, applied n times to 1 (by squaring, not n steps)."""
+  M, a, c, ra, rc = 1 << 32, 1664525, 1013904223, 1, 0
+  while n:
+    if n & 1: ra, rc = ra * a % M, (rc * a + c) % M
+    a, c, n = a * a % M, (c * a + c) % M, n >> 1
+  return struct.unpack("<i", struct.pack("<I", (ra + rc) % M | 1))[0]
+
+def failing_graph_run(c:Raw) -> int:
+  """A profiled graph run of three SLOW kernels, each a command buffer of its own (the profile is on), with the runner started
+  with METAL_EMU_NIL_COMMAND_BUFFER=3: entries 0 and 1 are committed (command buffers 1 and 2), entry 2 gets none. Buffers 1-3
+  are the entries' outputs. Returns the Tgraphrun's tag; it has no reply, its error comes ahead of the next reply."""
+  for h in (1, 2, 3, 4): c.alloc(h, 16)
+  load(c, 1, SLOW, 1, 1)
+  c.req(P.TPROFILE, mode=P.PROFILE_ON, count=0); assert c.frame()[0] == P.RPROFILE
+  c.req(P.TGRAPH, b"".join(P.launch_record(1, [(h, 0)], [N_SLOW]) for h in (1, 2, 3)), graph=1, count=3)
+  return c.req(P.TGRAPHRUN, graph=1, count=0)
+
+def profile(c:Raw) -> list[dict]:
+  tag = c.req(P.TPROFILE, mode=P.PROFILE_ON, count=100)
+  t, f, recs = c.frame()
+  assert (t, f["tag"]) == (P.RPROFILE, tag), (P.TYPE_NAMES.get(t), f)
+  return [P.PROF.unpack(recs[i * P.PROF.size:(i + 1) * P.PROF.size]) for i in range(f["count"])]
+
+def test_read_after_a_graph_run_failing_part_way():
+  r = emulated(METAL_EMU_NIL_COMMAND_BUFFER=3)
+  try:
+    c = Raw(r.addr)
+    run = failing_graph_run(c)
+    c.write(4, 0, b"abcd")
+    tag = c.req(P.TREAD, handle=2, offset=0, count=4)
+    code, etag, text = c.error()
+    assert (code, etag) == (P.EDEVICE, run) and "command buffer" in text, text
+    t, f, data = c.frame()
+    assert (t, f["tag"]) == (P.RREAD, tag), (P.TYPE_NAMES.get(t), f)
+    # Tread waits for launched work (protocol.md): entry 1 was committed, so its result is there. Before the fix the
+    # failed run left the session's dirty flag unset, and this read did not wait for the entry still running
+    assert struct.unpack("<i", data)[0] == lcg(N_SLOW), data
+    # a failed request keeps no records; the write's and the read's are their own, each a few µs
+    recs = profile(c)
+    assert [x["kind"] for x in recs] == [P.PROF_WRITE, P.PROF_READ], recs
+    for x in recs: assert 0 <= x["end"] - x["start"] < 50_000_000, x
+    c.close()
+  finally:
+    r.stop()
+
+def test_profile_records_after_a_graph_run_failing_part_way():
+  r = emulated(METAL_EMU_NIL_COMMAND_BUFFER=3)
+  try:
+    c = Raw(r.addr)
+    c.alloc(5, 16)
+    load(c, 2, OOB, 1)
+    run = failing_graph_run(c)
+    # a launch that fails on the device after it was accepted: its record takes the place of the dropped records of the
+    # run, and keeps start = end = 0 (protocol.md, Tprofile). Before the fix entry 0's command buffer still pointed at that
+    # place and wrote its kernel's times into it
+    c.launch(2, [(5, 0)])
+    tag = c.req(P.TSYNC)
+    errs = [c.error() for _ in range(2)]
+    assert [(code, etag) for code, etag, _ in errs] == [(P.EDEVICE, run), (P.EDEVICE, tag)], errs
+    assert "Address Fault" in errs[1][2], errs
+    recs = profile(c)
+    assert [(x["kind"], x["start"], x["end"]) for x in recs] == [(P.PROF_LAUNCH, 0, 0)], recs
+    c.close()
+  finally:
+    r.stop()
