@@ -126,6 +126,11 @@ struct backend {
 	/* Wait for all work the session submitted; report a deferred device
 	 * error (a kernel that failed after launch returned). */
 	int (*sync)(struct be_session *s, char *err);
+	/* NULL, or: the session has processed all the input that has arrived
+	 * and is about to read (and maybe wait) for more, when it also sends
+	 * its replies: start the work launched so far (Metal: commit the
+	 * command buffer being encoded). */
+	void (*idle)(struct be_session *s);
 	/* Now, in ns of the clock spans are measured in (Rclock): CPU,
 	 * CLOCK_MONOTONIC; Metal, the host time base of GPUStartTime. */
 	uint64_t (*clock)(void);

@@ -55,19 +55,20 @@
 
 /*
  * Pipelined launches and copies (no reply expected) are encoded into one open
- * command buffer per session, committed when a waiting request needs the
- * results (a waited launch, sync, a CPU-side copy; the session calls sync
- * before it reads or writes buffer contents) or after MTL_BATCH commands.
- * Fewer commits save the per-command-buffer cost (driver work and a
- * submission each); committing every launch lets the GPU start earlier.
- * Here early start buys almost nothing: the client queues no-reply requests
- * and sends them in one burst when it makes a waiting call (or passes 64 KiB),
- * so launches reach the runner back to back, immediately followed by the
- * request that waits for them. The bound only matters for long streams, where
- * it keeps the GPU busy while later launches are still being encoded.
- * 64 is a guess to be measured on an M-series Mac; nothing here has been.
+ * command buffer per session, committed as soon as the session has
+ * processed all the input that has arrived (backend.h, idle: the moment it
+ * also sends its replies), when a waiting request needs the results (a
+ * waited launch, sync, a CPU-side copy; the session calls sync before it
+ * reads or writes buffer contents), or after MTL_BATCH commands. So the GPU
+ * starts on a burst's first launches while the rest still crosses the
+ * network, as tinygrad's own ops_metal commits each kernel outside graphs,
+ * and launches that arrive together still share a command buffer. The cap
+ * keeps a command buffer short: on a Mac with a display the GPU watchdog
+ * acts per submission, so kernels that each pass on their own could fail
+ * together in one long buffer. 16 is a guess to be measured on an M-series
+ * Mac; nothing here has been.
  */
-#define MTL_BATCH 64
+#define MTL_BATCH 16
 
 /* Committed command buffers a session tracks: the queue allows at most 64
  * uncompleted ones (newCommandQueue), so more would only block anyway. */
@@ -735,6 +736,17 @@ mtl_session_close(struct be_session *s)
 	free(s);
 }
 
+/* backend.h, idle: the session has read all that arrived; start its work. */
+static void
+mtl_idle(struct be_session *s)
+{
+	if (s->open == nil)
+		return;
+	@autoreleasepool {
+		mtl_commit(s);
+	}
+}
+
 static int
 mtl_sync(struct be_session *s, char *err)
 {
@@ -1265,6 +1277,7 @@ const struct backend be_metal = {
 	.unload = mtl_unload,
 	.launch = mtl_launch,
 	.sync = mtl_sync,
+	.idle = mtl_idle,
 	.clock = mtl_now_ns,
 	.lost = mtl_lost,
 };

@@ -8,7 +8,8 @@
  * Bulk Twrite data is received straight into the checked destination;
  * Rread data is sent straight from the buffer. Replies collect in an
  * output buffer that is flushed whenever the session would block reading,
- * so a pipelined burst costs one send.
+ * so a pipelined burst costs one send; launched work is handed to the
+ * device at the same moment (backend.h, idle).
  *
  * Requests without a reply that fail queue their Rerror; queued errors go
  * out ahead of the next reply, so none is lost and order is kept.
@@ -245,6 +246,11 @@ need(struct session *s, size_t n, int boundary)
 			log_warn("session %u: out of memory", s->id);
 			return -1;
 		}
+		/* About to read: what is processed goes out, replies to the
+		 * client and launched work to the device (backend.h, idle), so
+		 * a burst costs one send and its kernels start as it arrives. */
+		if (s->be->idle != NULL)
+			s->be->idle(s->bs);
 		if (sess_flush(s) == -1 || handshake_wait(s) == -1)
 			return -1;
 		/* Between requests a peer may come through the inbox, and a

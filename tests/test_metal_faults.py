@@ -189,3 +189,44 @@ def test_profile_records_after_a_graph_run_failing_part_way():
     c.close()
   finally:
     r.stop()
+
+# *** b: GPU work starts as it arrives: a command buffer is committed as soon as the session has read all the input that
+# has arrived (when it flushes its replies), and holds at most 16 commands
+
+def commits(log:str) -> list[int]:
+  """The command count of each commit the emulator traced (METAL_EMU_TRACE=1), in order."""
+  return [int(n) for n in re.findall(r"metal emulator: commit \d+ \((\d+) commands\)", log)]
+
+def test_first_kernel_of_a_burst_starts_before_the_burst_arrives():
+  r = emulated(METAL_EMU_TRACE=1)
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 16); c.alloc(2, 16)
+    load(c, 1, SLOW, 1, 1)
+    assert c.until_pong() == []
+    c.launch(1, [(1, 0)], [1000])               # the burst's first launch; the rest is still crossing the network
+    time.sleep(1.0)
+    during = r.log_text(0)
+    assert commits(during) == [1] and "command buffer 1 completed" in during, during
+    for _ in range(3): c.launch(1, [(2, 0)], [1000])
+    c.sync()
+    c.close()
+  finally:
+    r.stop()
+
+def test_a_command_buffer_holds_at_most_16_commands():
+  r = emulated(METAL_EMU_TRACE=1)
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 16)
+    load(c, 1, SLOW, 1, 1)
+    assert c.until_pong() == []
+    # 40 launches and a Tsync in one send: the session reads them in one go (or a few)
+    c.send(b"".join(P.pack(P.TLAUNCH, 1000 + i, 0, payload_len=len(P.launch_args([(1, 0)], [10])),
+                           **P.launch_fields(1, [(1, 0)], [10])) + P.launch_args([(1, 0)], [10]) for i in range(40)))
+    c.sync()
+    c.close()
+    n = commits(r.log_text(0))
+  finally:
+    r.stop()
+  assert sum(n) == 40 and max(n) <= 16, n
