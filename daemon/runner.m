@@ -428,7 +428,7 @@ fail:
 
 /* ---- device ---- */
 
-/* Rhello.arch: the newest Apple GPU family the device supports ("Apple9"
+/* Rhello.arch: the newest Apple GPU family the device supports ("Apple10"
  * ... "Apple1"), else "Mac2". */
 static const char *
 mtl_family(id <MTLDevice> dev)
@@ -449,6 +449,14 @@ mtl_family(id <MTLDevice> dev)
 	/* Newest first: a GPU supports every older Apple family too. The
 	 * families newer than supportsFamily: itself (macOS 10.15) are asked
 	 * about only on systems whose SDK era knows them. */
+	/* MTLGPUFamilyApple10 = 1010 (the macOS 26 SDK's MTLDevice.h; M5),
+	 * spelled as its value: SDKs before 26, and the pinned metal-cpp,
+	 * lack its name.
+	 * https://developer.apple.com/documentation/metal/mtlgpufamily/apple10 */
+	if (@available(macOS 26.0, *)) {
+		if ([dev supportsFamily:(MTLGPUFamily)1010])
+			return "Apple10";
+	}
 	if (@available(macOS 14.0, *)) {
 		if ([dev supportsFamily:MTLGPUFamilyApple9])
 			return "Apple9";

@@ -230,3 +230,38 @@ def test_a_command_buffer_holds_at_most_16_commands():
   finally:
     r.stop()
   assert sum(n) == 40 and max(n) <= 16, n
+
+# *** f: the GPU family, the device chosen, and what a client sees at any log level
+
+def test_apple10_family():
+  # MTLGPUFamilyApple10 (1010, the macOS 26 SDK's MTLDevice.h): an M5's GPU answered "Apple9"
+  r = emulated(METAL_EMU_FAMILY="Apple10")
+  try: assert P.cstr(Raw(r.addr).info["arch"]) == "Apple10"
+  finally: r.stop()
+
+def test_fallback_device_is_not_the_low_power_one():
+  # no system default device (a tool without CoreGraphics): of the devices MTLCopyAllDevices lists, the first that is not
+  # low-power (a dual-GPU Intel Mac lists its integrated GPU first), not simply the first
+  r = emulated(METAL_EMU_DEVICES=2, METAL_EMU_NO_DEFAULT_DEVICE=1)
+  try: name = P.cstr(Raw(r.addr).info["name"])
+  finally: r.stop()
+  assert name == "Metal emulator (CPU, test harness)", name
+
+def test_log_level_changes_nothing_a_client_sees():
+  # -vv logs every kernel; it must not turn a pipelined launch into a waited one: a launch's device error is deferred to the
+  # next request that waits (here Tsync) at every log level
+  needs_own_metal_runner()
+  for args in ((), ("-vv",)):
+    r = metal_runner_proc(*args)
+    try:
+      c = Raw(r.addr)
+      c.alloc(1, 16)
+      load(c, 1, OOB, 1)
+      c.launch(1, [(1, 0)])
+      tag = c.req(P.TSYNC)
+      code, etag, text = c.error()
+      assert (code, etag) == (P.EDEVICE, tag), (args, code, etag, text)
+      c.sync()
+      c.close()
+    finally:
+      r.stop()
