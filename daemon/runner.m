@@ -475,6 +475,23 @@ mtl_family(id <MTLDevice> dev)
 	return "Mac2";
 }
 
+/*
+ * Without a system default device: of the devices Metal lists, the first
+ * that is not low-power, else the first. A dual-GPU Intel Mac lists its
+ * integrated GPU (low-power) before the discrete one, which the system
+ * would have chosen. Retained for the caller, or nil.
+ */
+static id <MTLDevice>
+mtl_pick(NSArray<id <MTLDevice>> *all)
+{
+	NSUInteger i, n = [all count];
+
+	for (i = 0; i < n; i++)
+		if (![all objectAtIndex:i].lowPower)
+			return [[all objectAtIndex:i] retain];
+	return n > 0 ? [[all objectAtIndex:0] retain] : nil;
+}
+
 static int
 mtl_open_body(struct be_info *info, const char *device, char *err)
 {
@@ -487,10 +504,9 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 		mtl_dev = MTLCreateSystemDefaultDevice();
 		if (mtl_dev == nil) {
 			/* A command-line tool gets no default device unless it
-			 * links CoreGraphics: fall back to the first one listed. */
+			 * links CoreGraphics: choose among those listed. */
 			all = MTLCopyAllDevices();
-			if ([all count] > 0)
-				mtl_dev = [[all objectAtIndex:0] retain];
+			mtl_dev = mtl_pick(all);
 		}
 		if (mtl_dev == nil) {
 			mtl_seterr(err, "no Metal device found");
@@ -541,6 +557,8 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 
 fail:
 	[all release];
+	[mtl_dev release];
+	mtl_dev = nil;
 	return -1;
 }
 

@@ -268,6 +268,11 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
 /* @property(nonnull, readonly) NSString *name;
  * https://developer.apple.com/documentation/metal/mtldevice/name */
 @property (nonnull, readonly) NSString *name;
+/* @property(readonly, getter=isLowPower) BOOL lowPower;  (macOS 10.11)
+ * "A Boolean value that indicates whether a GPU device is a low-power
+ * device" (on a Mac with an integrated and a discrete GPU, the integrated)
+ * https://developer.apple.com/documentation/metal/mtldevice/islowpower */
+@property (readonly, getter=isLowPower) BOOL lowPower;
 /* @property(readonly) BOOL hasUnifiedMemory;  (macOS 10.15)
  * https://developer.apple.com/documentation/metal/mtldevice/hasunifiedmemory */
 @property (readonly) BOOL hasUnifiedMemory;
