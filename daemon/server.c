@@ -546,7 +546,7 @@ serve(const struct mr_config *cfg)
 		log_info("stopping: %d sessions open", nactive);
 	close(lfd);
 	lfd = -1;
-	stop_sessions(iso, lost != NULL);	/* returns with no session left */
+	stop_sessions(iso, lost != NULL);	/* returns with none left */
 	resume_close();
 	/* Exit non-zero after a loss, so that launchd (KeepAlive:
 	 * SuccessfulExit false) or systemd (Restart=on-failure) restarts the

@@ -360,7 +360,8 @@ run_compiler(const char *srcpath, const char *outpath, unsigned version,
 	const char *argv[] = { compiler(), "-x", "c++", "-std=c++17", "-O2",
 	    "-fPIC", "-shared", fast, mathmode == EMU_MATH_RELAXED ?
 	    "-fno-finite-math-only" : fast, "-fwrapv", "-fno-strict-aliasing",
-	    "-Xclang", "-ffloat16-excess-precision=none", "-w", "-fno-caret-diagnostics",
+	    "-Xclang", "-ffloat16-excess-precision=none", "-w",
+	    "-fno-caret-diagnostics",
 	    "-I", METAL_EMU_INCLUDE, vdef, "-o", outpath, srcpath, NULL };
 	posix_spawn_file_actions_t fa;
 	struct buf b = { NULL, 0, 0 };
