@@ -308,7 +308,10 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 	id <MTLLibrary> lib = nil;
 	id <MTLFunction> fn = nil;
 	id <MTLComputePipelineState> pipe = nil;
-	NSError *e = nil;
+	/* One NSError per call: a library that compiles with warnings comes
+	 * with an error too (MTLLibraryErrorCompileWarning), which must never
+	 * stand for a later call's failure. */
+	NSError *e = nil, *pe = nil;
 	const char *text;
 
 	if (d->kind == PROTO_PROG_METALLIB) {
@@ -411,9 +414,9 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 	}
 
 	/* Build the compute pipeline. */
-	pipe = [mtl_dev newComputePipelineStateWithFunction:fn error:&e];
+	pipe = [mtl_dev newComputePipelineStateWithFunction:fn error:&pe];
 	if (pipe == nil)
-		mtl_nserr(err, "Metal pipeline creation failed", e);
+		mtl_nserr(err, "Metal pipeline creation failed", pe);
 
 fail:
 	[fn release];
