@@ -118,15 +118,29 @@ struct backend {
 	void (*unload)(struct be_session *s, struct be_program *p);
 
 	/* Launch n kernels in order (n > 1 for a graph). With wait set, return
-	 * only when they finished and store the device-measured time in *ns. */
+	 * only when they finished and store the device-measured time in *ns.
+	 * A launch that fails returns only once none of its kernels still
+	 * runs or will write a span; the session drops its profile records. */
 	int (*launch)(struct be_session *s, const struct be_launch *l, size_t n,
 	    int wait, uint64_t *ns, char *err);
 	/* Wait for all work the session submitted; report a deferred device
 	 * error (a kernel that failed after launch returned). */
 	int (*sync)(struct be_session *s, char *err);
+	/* NULL, or: the session has processed all the input that has arrived
+	 * and is about to read (and maybe wait) for more, when it also sends
+	 * its replies: start the work launched so far (Metal: commit the
+	 * command buffer being encoded). */
+	void (*idle)(struct be_session *s);
 	/* Now, in ns of the clock spans are measured in (Rclock): CPU,
 	 * CLOCK_MONOTONIC; Metal, the host time base of GPUStartTime. */
 	uint64_t (*clock)(void);
+	/* NULL, or: the device is gone for good (Metal: every later command
+	 * buffer of the process would fail), a one-line reason, else NULL.
+	 * Any thread may ask. The session that sees it set ends, telling its
+	 * client why; the runner then ends every session and mr_serve()
+	 * returns -1, so that a service manager restarts the process. Only
+	 * for thread isolation: a session process's device is its own. */
+	const char *(*lost)(void);
 };
 
 extern const struct backend be_cpu;

@@ -191,7 +191,7 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	struct be_launch l;
 	const char *name = "?";
 	size_t off = sizeof(struct proto_tlaunch) - sizeof(struct proto_launch);
-	int wait = (m->h.flags & PROTO_FWAIT) != 0, timed;
+	int wait = (m->h.flags & PROTO_FWAIT) != 0;
 	union proto_msg r;
 
 	if (proto_get_launch(frame, m->h.size, &off, &pl, args, vals,
@@ -202,22 +202,30 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	if (resolve(s, m->h.tag, &pl, args, vals, &l, bufs, offs,
 	    &name) == -1)
 		return wait ? sess_fail_reply(s) : -1;
-	timed = wait || log_verbose >= 2;
+	/* Only FWAIT waits: the log level never changes what runs when,
+	 * nor which request a device error is reported to. */
 	l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog, 0, 0, 0);
 	arm_crash(s, m->h.tag, name);
-	if (s->be->launch(s->bs, &l, 1, timed, &ns, s->err) == -1) {
+	if (s->be->launch(s->bs, &l, 1, wait, &ns, s->err) == -1) {
 		disarm_crash(s);
+		s->dirty = 1;	/* see sess_graphrun */
 		sess_prof_drop(s, l.span != NULL);
 		sess_errorf(s, m->h.tag, PROTO_EDEVICE, "kernel %s: %s", name,
 		    s->err);
 		return wait ? sess_fail_reply(s) : -1;
 	}
 	disarm_crash(s);
-	s->dirty = !timed;
-	log_debug("session %u: %-24s global (%u,%u,%u) local (%u,%u,%u) "
-	    "%10.2f us", s->id, name, pl.global[0], pl.global[1],
-	    pl.global[2], pl.local[0], pl.local[1], pl.local[2],
-	    (double)ns / 1e3);
+	s->dirty = !wait;
+	if (wait)
+		log_debug("session %u: %-24s global (%u,%u,%u) local (%u,%u,%u) "
+		    "%10.2f us", s->id, name, pl.global[0], pl.global[1],
+		    pl.global[2], pl.local[0], pl.local[1], pl.local[2],
+		    (double)ns / 1e3);
+	else
+		log_debug("session %u: %-24s global (%u,%u,%u) local (%u,%u,%u) "
+		    "not timed (no FWAIT)", s->id, name, pl.global[0],
+		    pl.global[1], pl.global[2], pl.local[0], pl.local[1],
+		    pl.local[2]);
 	if (!wait)
 		return 0;
 	memset(&r, 0, sizeof(r));
@@ -368,7 +376,7 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	struct graph *g = htab_get(&s->graphs, t->graph);
 	const uint8_t *body = frame + sizeof(*t);
 	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a, nprof = 0;
-	int wait = (t->h.flags & PROTO_FWAIT) != 0, timed;
+	int wait = (t->h.flags & PROTO_FWAIT) != 0;
 	struct proto_patch p;
 	const char *name = "?";
 	char gname[32];
@@ -416,25 +424,31 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 			return wait ? sess_fail_reply(s) : -1;
 		a += e->l.nbufs;
 	}
-	timed = wait || log_verbose >= 2;
 	for (i = 0; s->prof != NULL && i < g->count; i++)
 		if ((s->launches[i].span = sess_prof_add(s, PROTO_PROF_GRAPH,
 		    t->h.tag, g->e[i].l.prog, t->graph, (unsigned)i, 0)) != NULL)
 			nprof++;
 	snprintf(gname, sizeof(gname), "in graph %u", t->graph);
 	arm_crash(s, t->h.tag, gname);
-	if (s->be->launch(s->bs, s->launches, g->count, timed, &ns,
+	if (s->be->launch(s->bs, s->launches, g->count, wait, &ns,
 	    s->err) == -1) {
 		disarm_crash(s);
+		/* The backend may have submitted some of the kernels before
+		 * it failed (backend.h): host access waits for them. */
+		s->dirty = 1;
 		sess_prof_drop(s, nprof);
 		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "graph %u: %s",
 		    t->graph, s->err);
 		return wait ? sess_fail_reply(s) : -1;
 	}
 	disarm_crash(s);
-	s->dirty = !timed;
-	log_debug("session %u: graph %u, %u kernels %10.2f us", s->id,
-	    t->graph, g->count, (double)ns / 1e3);
+	s->dirty = !wait;
+	if (wait)
+		log_debug("session %u: graph %u, %u kernels %10.2f us", s->id,
+		    t->graph, g->count, (double)ns / 1e3);
+	else
+		log_debug("session %u: graph %u, %u kernels not timed (no "
+		    "FWAIT)", s->id, t->graph, g->count);
 	if (!wait)
 		return 0;
 	memset(&r, 0, sizeof(r));

@@ -58,7 +58,9 @@ struct mr_config {
 /* server.c */
 void mr_config_defaults(struct mr_config *cfg);
 const struct backend *mr_find_backend(const char *name);
-/* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error.
+/* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error,
+ * which includes a device the backend lost for good (backend.h, lost: the
+ * runner then ends every session, telling each client why).
  * It installs SIGINT and SIGTERM handlers that stop it and ignores SIGPIPE,
  * for the whole process (examples/embed/appliance.c shows a program that
  * takes the signals itself). It may be called again once it has returned. */

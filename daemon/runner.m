@@ -38,6 +38,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,19 +55,20 @@
 
 /*
  * Pipelined launches and copies (no reply expected) are encoded into one open
- * command buffer per session, committed when a waiting request needs the
- * results (a waited launch, sync, a CPU-side copy; the session calls sync
- * before it reads or writes buffer contents) or after MTL_BATCH commands.
- * Fewer commits save the per-command-buffer cost (driver work and a
- * submission each); committing every launch lets the GPU start earlier.
- * Here early start buys almost nothing: the client queues no-reply requests
- * and sends them in one burst when it makes a waiting call (or passes 64 KiB),
- * so launches reach the runner back to back, immediately followed by the
- * request that waits for them. The bound only matters for long streams, where
- * it keeps the GPU busy while later launches are still being encoded.
- * 64 is a guess to be measured on an M-series Mac; nothing here has been.
+ * command buffer per session, committed as soon as the session has
+ * processed all the input that has arrived (backend.h, idle: the moment it
+ * also sends its replies), when a waiting request needs the results (a
+ * waited launch, sync, a CPU-side copy; the session calls sync before it
+ * reads or writes buffer contents), or after MTL_BATCH commands. So the GPU
+ * starts on a burst's first launches while the rest still crosses the
+ * network, as tinygrad's own ops_metal commits each kernel outside graphs,
+ * and launches that arrive together still share a command buffer. The cap
+ * keeps a command buffer short: on a Mac with a display the GPU watchdog
+ * acts per submission, so kernels that each pass on their own could fail
+ * together in one long buffer. 16 is a guess to be measured on an M-series
+ * Mac; nothing here has been.
  */
-#define MTL_BATCH 64
+#define MTL_BATCH 16
 
 /* Committed command buffers a session tracks: the queue allows at most 64
  * uncompleted ones (newCommandQueue), so more would only block anyway. */
@@ -102,6 +104,7 @@ struct be_program {
 struct be_buffer {
 	id <MTLBuffer> buf;		/* owned */
 	void *ptr;			/* [buf contents], fixed for its life */
+	uint64_t size;			/* its length */
 };
 
 struct be_session {
@@ -128,6 +131,10 @@ static uint64_t mtl_clock;		/* under mtl_lock */
 #ifdef __APPLE__
 static mach_timebase_info_data_t mtl_timebase;	/* read-only after open */
 #endif
+/* Set once when the GPU is lost to the process (mtl_cberr); the reason is
+ * written, under mtl_lock, before the flag. */
+static char mtl_lost_why[BE_ERR_MAX];
+static atomic_int mtl_lost_set;
 
 static void mtl_seterr(char *, const char *, ...)
     __attribute__((format(printf, 2, 3)));
@@ -178,6 +185,58 @@ mtl_nserr(char *err, const char *what, NSError *e)
 		text = [[e localizedDescription] UTF8String];
 	mtl_seterr(err, "%s: %s", what,
 	    text != NULL ? text : "(Metal gave no description)");
+}
+
+/*
+ * A failed command buffer's error into err, as mtl_nserr. Three codes mean,
+ * as Apple documents them, that the process gets no more GPU work done:
+ * access revoked ("responsible for too many timeouts or hangs"), not
+ * permitted ("doesn't have access to a GPU device"), the device removed.
+ * Every later command buffer of every session would fail, so the device
+ * is marked lost (mtl_lost): the runner ends each session, saying why, and
+ * exits non-zero, for launchd or systemd to start it again. The error's
+ * domain is MTLCommandBufferErrorDomain ([cb error]), so its code is one
+ * of MTLCommandBufferError's.
+ */
+static void
+mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
+{
+	NSError *e = [cb error];
+	const char *name, *text = NULL;
+
+	switch (e != nil ? (NSUInteger)[e code] : 0) {
+	case MTLCommandBufferErrorAccessRevoked:
+		name = "MTLCommandBufferErrorAccessRevoked (4)";
+		break;
+	case MTLCommandBufferErrorNotPermitted:
+		name = "MTLCommandBufferErrorNotPermitted (7)";
+		break;
+	case MTLCommandBufferErrorDeviceRemoved:
+		name = "MTLCommandBufferErrorDeviceRemoved (11)";
+		break;
+	default:
+		mtl_nserr(err, what, e);
+		return;
+	}
+	text = [[e localizedDescription] UTF8String];
+	pthread_mutex_lock(&mtl_lock);
+	if (!atomic_load(&mtl_lost_set)) {
+		mtl_seterr(mtl_lost_why, "the GPU is lost to this runner's "
+		    "process (%s: %s): every later command buffer would fail; "
+		    "the runner is exiting so that its service manager "
+		    "restarts it", name, text != NULL ? text :
+		    "(Metal gave no description)");
+		atomic_store(&mtl_lost_set, 1);
+	}
+	pthread_mutex_unlock(&mtl_lock);
+	mtl_seterr(err, "%s: %s", what, mtl_lost_why);
+}
+
+/* backend.h, lost: the reason the GPU is gone for good, or NULL. */
+static const char *
+mtl_lost(void)
+{
+	return atomic_load(&mtl_lost_set) ? mtl_lost_why : NULL;
 }
 
 /* ---- the pipeline cache ---- */
@@ -249,7 +308,10 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 	id <MTLLibrary> lib = nil;
 	id <MTLFunction> fn = nil;
 	id <MTLComputePipelineState> pipe = nil;
-	NSError *e = nil;
+	/* One NSError per call: a library that compiles with warnings comes
+	 * with an error too (MTLLibraryErrorCompileWarning), which must never
+	 * stand for a later call's failure. */
+	NSError *e = nil, *pe = nil;
 	const char *text;
 
 	if (d->kind == PROTO_PROG_METALLIB) {
@@ -285,22 +347,13 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 			goto fail;
 		}
 		/*
-		 * IEEE-safe math, as tinygrad compiles unless METAL_FAST_MATH is
-		 * set (Metal's own default is fast math). fastMathEnabled is
-		 * deprecated from macOS 15 but its replacement, mathMode, is not
-		 * in the macOS 14 SDK; on 15 the system maps NO to
-		 * MTLMathModeSafe.
-		 */
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Wdeprecated-declarations"
-		opt.fastMathEnabled = NO;
-#pragma clang diagnostic pop
-		/*
 		 * The language version tinygrad's MetalCompiler pins
 		 * (ops_metal.py: metal4.0 from macOS 26, 3.1 from 14, 3.0 on
 		 * 13, else 2.0), not the newest the system has, so a kernel
 		 * means here what it means to tinygrad on the same Mac. 4.0 is
-		 * spelled (4 << 16), as SDKs before 26 lack its name.
+		 * spelled (4 << 16), as SDKs before 26 lack its name. It comes
+		 * first: mathMode's default "depends on the language standard
+		 * version" (MTLLibrary.h), so the math settings follow it.
 		 */
 		if (@available(macOS 26.0, *))
 			opt.languageVersion = (MTLLanguageVersion)(4 << 16);
@@ -310,6 +363,30 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 			opt.languageVersion = MTLLanguageVersion3_0;
 		else
 			opt.languageVersion = MTLLanguageVersion2_0;
+		/*
+		 * IEEE-safe math, as tinygrad compiles (-fno-fast-math) unless
+		 * METAL_FAST_MATH is set; Metal's own default is fast math.
+		 * From macOS 15 that is two settings, both set here rather than
+		 * left to the deprecated fastMathEnabled's mapping: mathMode
+		 * Safe, and the precise FP32 functions (the header's default
+		 * is Fast). SDKs before 15 (no __MAC_15_0) declare neither, and
+		 * systems before 15 know only fastMathEnabled.
+		 */
+#ifdef __MAC_15_0
+		if (@available(macOS 15.0, *)) {
+			/* No unsafe floating-point optimizations. */
+			opt.mathMode = MTLMathModeSafe;
+			/* The precise FP32 math functions. */
+			opt.mathFloatingPointFunctions =
+			    MTLMathFloatingPointFunctionsPrecise;
+		} else
+#endif
+		{
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+			opt.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+		}
 		/* Compile the source. */
 		lib = [mtl_dev newLibraryWithSource:src options:opt error:&e];
 		if (lib == nil) {
@@ -337,9 +414,9 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 	}
 
 	/* Build the compute pipeline. */
-	pipe = [mtl_dev newComputePipelineStateWithFunction:fn error:&e];
+	pipe = [mtl_dev newComputePipelineStateWithFunction:fn error:&pe];
 	if (pipe == nil)
-		mtl_nserr(err, "Metal pipeline creation failed", e);
+		mtl_nserr(err, "Metal pipeline creation failed", pe);
 
 fail:
 	[fn release];
@@ -354,7 +431,7 @@ fail:
 
 /* ---- device ---- */
 
-/* Rhello.arch: the newest Apple GPU family the device supports ("Apple9"
+/* Rhello.arch: the newest Apple GPU family the device supports ("Apple10"
  * ... "Apple1"), else "Mac2". */
 static const char *
 mtl_family(id <MTLDevice> dev)
@@ -375,6 +452,14 @@ mtl_family(id <MTLDevice> dev)
 	/* Newest first: a GPU supports every older Apple family too. The
 	 * families newer than supportsFamily: itself (macOS 10.15) are asked
 	 * about only on systems whose SDK era knows them. */
+	/* MTLGPUFamilyApple10 = 1010 (the macOS 26 SDK's MTLDevice.h; M5),
+	 * spelled as its value: SDKs before 26, and the pinned metal-cpp,
+	 * lack its name.
+	 * https://developer.apple.com/documentation/metal/mtlgpufamily/apple10 */
+	if (@available(macOS 26.0, *)) {
+		if ([dev supportsFamily:(MTLGPUFamily)1010])
+			return "Apple10";
+	}
 	if (@available(macOS 14.0, *)) {
 		if ([dev supportsFamily:MTLGPUFamilyApple9])
 			return "Apple9";
@@ -393,6 +478,23 @@ mtl_family(id <MTLDevice> dev)
 	return "Mac2";
 }
 
+/*
+ * Without a system default device: of the devices Metal lists, the first
+ * that is not low-power, else the first. A dual-GPU Intel Mac lists its
+ * integrated GPU (low-power) before the discrete one, which the system
+ * would have chosen. Retained for the caller, or nil.
+ */
+static id <MTLDevice>
+mtl_pick(NSArray<id <MTLDevice>> *all)
+{
+	NSUInteger i, n = [all count];
+
+	for (i = 0; i < n; i++)
+		if (![all objectAtIndex:i].lowPower)
+			return [[all objectAtIndex:i] retain];
+	return n > 0 ? [[all objectAtIndex:0] retain] : nil;
+}
+
 static int
 mtl_open_body(struct be_info *info, const char *device, char *err)
 {
@@ -405,10 +507,9 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 		mtl_dev = MTLCreateSystemDefaultDevice();
 		if (mtl_dev == nil) {
 			/* A command-line tool gets no default device unless it
-			 * links CoreGraphics: fall back to the first one listed. */
+			 * links CoreGraphics: choose among those listed. */
 			all = MTLCopyAllDevices();
-			if ([all count] > 0)
-				mtl_dev = [[all objectAtIndex:0] retain];
+			mtl_dev = mtl_pick(all);
 		}
 		if (mtl_dev == nil) {
 			mtl_seterr(err, "no Metal device found");
@@ -459,6 +560,8 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 
 fail:
 	[all release];
+	[mtl_dev release];
+	mtl_dev = nil;
 	return -1;
 }
 
@@ -550,7 +653,7 @@ mtl_reap(struct be_session *s, int waitall)
 			continue;
 		}
 		if (st == MTLCommandBufferStatusError && s->err[0] == '\0')
-			mtl_nserr(s->err, "GPU work failed", [cb error]);
+			mtl_cberr(s->err, "GPU work failed", cb);
 		if (s->fspan[i] != NULL)
 			mtl_span(cb, s->fspan[i]);
 		[cb release];
@@ -662,6 +765,17 @@ mtl_session_close(struct be_session *s)
 	free(s);
 }
 
+/* backend.h, idle: the session has read all that arrived; start its work. */
+static void
+mtl_idle(struct be_session *s)
+{
+	if (s->open == nil)
+		return;
+	@autoreleasepool {
+		mtl_commit(s);
+	}
+}
+
 static int
 mtl_sync(struct be_session *s, char *err)
 {
@@ -697,6 +811,7 @@ mtl_alloc_body(uint64_t size, char *err)
 		return NULL;
 	}
 	b->ptr = [b->buf contents];
+	b->size = size;
 	return b;
 }
 
@@ -969,16 +1084,23 @@ mtl_check(const struct be_launch *l, char *err)
 static void
 mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
 {
+	uint64_t off;
 	uint32_t v;
 	int64_t v8;
 	uint16_t i;
 
 	/* Select the kernel. */
 	[enc setComputePipelineState:l->prog->pipe->pipe];
-	/* Bind the buffers to entries 0 .. nbufs-1. */
-	for (i = 0; i < l->nbufs; i++)
-		[enc setBuffer:l->bufs[i]->buf
-		    offset:(NSUInteger)l->offsets[i] atIndex:i];
+	/* Bind the buffers to entries 0 .. nbufs-1. An offset equal to the
+	 * buffer's size (an empty range, which the protocol allows) is
+	 * outside the buffer for Metal, whose validation layer stops the
+	 * process on it (setBuffer:offset:atIndex: wants offset < length):
+	 * such a range is bound at offset 0. The kernel may touch none of
+	 * its bytes either way. */
+	for (i = 0; i < l->nbufs; i++) {
+		off = l->offsets[i] < l->bufs[i]->size ? l->offsets[i] : 0;
+		[enc setBuffer:l->bufs[i]->buf offset:(NSUInteger)off atIndex:i];
+	}
 	/* Copy each integer in after them, with the width the kernel
 	 * declares: constant int& (32 bits), or constant long& (64) for a
 	 * variable whose range needs it, as tinygrad's ops_metal.py binds
@@ -1036,11 +1158,21 @@ mtl_launch_each(struct be_session *s, const struct be_launch *l, size_t n,
 
 	mtl_commit(s);
 	for (i = 0; i < n; i++) {
-		if ((cb = mtl_cmdbuf(s, err)) == nil)
-			goto done;
 		/* Start a compute pass for this one launch. */
-		if ((enc = mtl_pass(cb, err)) == nil)
+		if ((cb = mtl_cmdbuf(s, err)) == nil ||
+		    (enc = mtl_pass(cb, err)) == nil) {
+			/*
+			 * Launches 0 .. i-1 are committed, each writing its
+			 * times into its span when it completes, but a failed
+			 * request keeps no profile records: the session drops
+			 * theirs and reuses the places. Wait for them first
+			 * (backend.h: a failed launch leaves none of its work
+			 * running), so that no span is written afterwards.
+			 */
+			if (i > 0)
+				mtl_drain(s);
 			goto done;
+		}
 		mtl_encode(enc, &l[i]);
 		/* End the compute pass. */
 		[enc endEncoding];
@@ -1134,7 +1266,7 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 	[cb commit];
 	[cb waitUntilCompleted];
 	if ([cb status] == MTLCommandBufferStatusError) {
-		mtl_nserr(err, "kernel failed on the GPU", [cb error]);
+		mtl_cberr(err, "kernel failed on the GPU", cb);
 		[cb release];
 		return -1;
 	}
@@ -1174,5 +1306,7 @@ const struct backend be_metal = {
 	.unload = mtl_unload,
 	.launch = mtl_launch,
 	.sync = mtl_sync,
+	.idle = mtl_idle,
 	.clock = mtl_now_ns,
+	.lost = mtl_lost,
 };

@@ -47,6 +47,7 @@
 #include "cache.h"
 #include "confine.h"
 #include "metal_runner.h"
+#include "monotime.h"
 #include "proto.h"
 #include "resume.h"
 #include "session.h"
@@ -258,11 +259,25 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	_exit(0);
 }
 
+/* The backend's device is gone for good (backend.h, lost), or NULL. */
+static const char *
+device_lost(const struct mr_server_ctx *ctx)
+{
+	return ctx->be->lost != NULL ? ctx->be->lost() : NULL;
+}
+
+/*
+ * End every session. After a device loss (lost) a session thread is woken
+ * by shutting only the receiving side of its socket, so that it can still
+ * tell its client why (session.c, end_lost); one that has not ended a
+ * second later has both sides shut, as for any stop.
+ */
 static void
-stop_sessions(enum be_isolation iso)
+stop_sessions(enum be_isolation iso, int lost)
 {
 	uint32_t i;
 	time_t deadline = time(NULL) + 5;
+	int64_t lost_deadline;
 
 	if (iso == BE_ISOLATE_PROCESS) {
 		for (i = 0; i < slot_count(); i++)
@@ -288,15 +303,22 @@ stop_sessions(enum be_isolation iso)
 	resume_stop();
 	for (i = 0; i < slot_count(); i++)
 		if (slot_get(i)->busy && slot_get(i)->fd != -1)
-			shutdown(slot_get(i)->fd, SHUT_RDWR);
+			shutdown(slot_get(i)->fd, lost ? SHUT_RD : SHUT_RDWR);
 	deadline = time(NULL) + 1;
+	lost_deadline = mono_ms() + 1000;
 	stop_waiting = 1;
 	while (nactive > 0) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_sec += 1;
 		pthread_cond_timedwait(&slots_idle, &slots_lock, &ts);
-		if (nactive > 0 && time(NULL) >= deadline) {
+		if (nactive > 0 && lost && mono_ms() >= lost_deadline) {
+			lost = 0;
+			for (i = 0; i < slot_count(); i++)
+				if (slot_get(i)->busy && slot_get(i)->fd != -1)
+					shutdown(slot_get(i)->fd, SHUT_RDWR);
+			deadline = time(NULL) + 1;
+		} else if (nactive > 0 && time(NULL) >= deadline) {
 			log_warn("waiting for %d session threads still running a "
 			    "kernel (a thread cannot be interrupted; a second "
 			    "SIGINT or SIGTERM ends the runner now)", nactive);
@@ -314,6 +336,7 @@ serve(const struct mr_config *cfg)
 	struct be_info info;
 	struct sigaction sa;
 	enum be_isolation iso;
+	const char *lost;
 	char err[PROTO_ERRLEN], peer[64];
 	uint32_t next_id = 1, max_startups;
 	int lfd = -1, port = 0, rc = -1;
@@ -400,7 +423,9 @@ serve(const struct mr_config *cfg)
 		log_warn("out of memory");
 		goto out;
 	}
-	while (!stopping) {
+	/* A device lost for good (a session saw it) stops the runner as a
+	 * stop request does, but as a failure: see below. */
+	while (!stopping && device_lost(&ctx) == NULL) {
 		int fd, slot, n, i, nctl, full;
 
 		if (iso == BE_ISOLATE_PROCESS)
@@ -515,12 +540,18 @@ serve(const struct mr_config *cfg)
 		}
 		next_id++;
 	}
-	log_info("stopping: %d sessions open", nactive);
+	if ((lost = device_lost(&ctx)) != NULL)
+		log_warn("stopping, %d sessions open: %s", nactive, lost);
+	else
+		log_info("stopping: %d sessions open", nactive);
 	close(lfd);
 	lfd = -1;
-	stop_sessions(iso);	/* returns with no session left */
+	stop_sessions(iso, lost != NULL);	/* returns with none left */
 	resume_close();
-	rc = 0;
+	/* Exit non-zero after a loss, so that launchd (KeepAlive:
+	 * SuccessfulExit false) or systemd (Restart=on-failure) restarts the
+	 * process, and with it the device. */
+	rc = lost != NULL ? -1 : 0;
 out:
 	peer_broker_stop();
 	peer_routes_free();

@@ -8,7 +8,8 @@
  * Bulk Twrite data is received straight into the checked destination;
  * Rread data is sent straight from the buffer. Replies collect in an
  * output buffer that is flushed whenever the session would block reading,
- * so a pipelined burst costs one send.
+ * so a pipelined burst costs one send; launched work is handed to the
+ * device at the same moment (backend.h, idle).
  *
  * Requests without a reply that fail queue their Rerror; queued errors go
  * out ahead of the next reply, so none is lost and order is kept.
@@ -245,6 +246,11 @@ need(struct session *s, size_t n, int boundary)
 			log_warn("session %u: out of memory", s->id);
 			return -1;
 		}
+		/* About to read: what is processed goes out, replies to the
+		 * client and launched work to the device (backend.h, idle), so
+		 * a burst costs one send and its kernels start as it arrives. */
+		if (s->be->idle != NULL)
+			s->be->idle(s->bs);
 		if (sess_flush(s) == -1 || handshake_wait(s) == -1)
 			return -1;
 		/* Between requests a peer may come through the inbox, and a
@@ -530,12 +536,31 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	return rc;
 }
 
+/*
+ * The backend lost its device for good (backend.h, lost): a final Rerror
+ * says why, after the replies and errors still queued. It goes straight
+ * to the socket: the runner wakes an idle session by shutting the
+ * socket's receiving side (server.c), which the session takes for a
+ * dropped link, while the sending side still works.
+ */
+static void
+end_lost(struct session *s, const char *why)
+{
+	sess_errorf(s, 0, PROTO_EDEVICE, "%s", why);
+	sess_drain_errors(s);
+	if (s->fd != -1 && s->outlen > 0 &&
+	    net_send_all(s->fd, s->out, s->outlen) == 0)
+		s->bytes_out += s->outlen;
+	s->outlen = 0;
+}
+
 void
 sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
     const char *peer)
 {
 	struct session *s;
 	union proto_msg m;
+	const char *why;
 	size_t fixed;
 	int rc;
 
@@ -564,6 +589,9 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		goto done;
 	}
 	for (;;) {
+		/* Nothing more can run: end, whatever the link's state. */
+		if (s->be->lost != NULL && s->be->lost() != NULL)
+			break;
 		/* A link that failed (anywhere below) ends the session, unless
 		 * the client resumes it: then the loop goes on from the first
 		 * request it had not processed (resume.c). */
@@ -633,6 +661,9 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 			break;
 		s->nproc++;
 	}
+	/* However the loop ended (the runner's stop may end it first). */
+	if (s->be->lost != NULL && (why = s->be->lost()) != NULL)
+		end_lost(s, why);
 	sess_drain_errors(s);
 	sess_flush(s);
 done:

@@ -1,7 +1,7 @@
 # The Metal backend (daemon/runner.m) over the wire protocol, with Metal source written here. On Linux it runs on the Metal
 # emulator (tests/metal_emulator, a test harness); against a Mac's runner (METAL_RUNNER) the same tests run on its GPU, except
 # the ones marked emulator_only, which read the emulator's own reports.
-import struct
+import os, struct
 import pytest
 from conftest import is_emulator, metal_runner_proc, needs_own_metal_runner
 from client import protocol as P
@@ -16,6 +16,8 @@ PUT32 = HEAD + f"kernel void put32(device int* out, constant int& v, {IDS}) {{ o
 ADD1 = HEAD + f"kernel void add1(device float* out, device float* a, {IDS}) {{ out[gid.x] = a[gid.x] + 1.0f; }}\n"
 # writes one float past the end of a 16-byte buffer
 OOB = HEAD + f"kernel void oob(device float* out, {IDS}) {{ out[4 + gid.x] = 1.0f; }}\n"
+# writes its first buffer only: the second may be an empty range
+FIRST = HEAD + f"kernel void first(device float* out, device float* unused, {IDS}) {{ out[0] = 42.0f; }}\n"
 VERSION = HEAD + f"kernel void version(device int* out, {IDS}) {{ out[0] = __METAL_VERSION__; }}\n"
 
 def load(c:Raw, prog:int, src:str, nbufs:int, nvals:int=0, wide:int=0, kind:int=P.PROG_METAL_SOURCE, name:str|None=None) -> int:
@@ -40,6 +42,12 @@ def c(metal_addr):
   conn = Raw(metal_addr)
   yield conn
   conn.close()
+
+@pytest.fixture
+def informative_validation(emulator_only):
+  """For tests of misuse the validation layer reports: the emulator fails that command buffer, so the test sees the report; under
+  MTL_DEBUG_LAYER=1 it stops the process instead, as Apple's layer does, which would end the runner every test shares."""
+  if os.environ.get("MTL_DEBUG_LAYER") == "1": pytest.skip("MTL_DEBUG_LAYER=1: a validation error stops the runner, as Apple's layer does")
 
 def test_hello(c):
   assert c.info["backend"] == P.BACKEND_METAL and c.info["caps"] & P.CAP_METAL_SOURCE
@@ -75,7 +83,7 @@ def test_width_mask_past_the_values(c):
   code, tag, text = c.errors(1)[0]
   assert code == P.EPROGRAM and "value widths" in text, text
 
-def test_64bit_value_bound_as_4_bytes_fails_validation(c, emulator_only):
+def test_64bit_value_bound_as_4_bytes_fails_validation(c, informative_validation):
   # the runner before the fix bound every value as 4 bytes: the kernel read 8 bytes from a 4-byte binding
   c.alloc(1, 8)
   load(c, 1, PUT64, 1, 1, wide=0)
@@ -156,13 +164,40 @@ def test_language_version_is_pinned(c, emulator_only):
 
 # *** the emulator's validation layer and its guard pages, seen through the runner
 
-def test_offset_at_end_of_buffer_fails_validation(c, emulator_only):
-  c.alloc(1, 64); c.alloc(2, 64)
-  load(c, 1, ADD1, 2)
-  code, text = launch_error(c, 1, [(1, 0), (2, 64)])   # the runner allows offset == size; Metal does not
-  assert code == P.EDEVICE and "offset(64) must be < [buffer length](64)" in text, text
+# *** issue 20 e: an offset equal to the buffer's size (an empty range, which Tlaunch allows) never reaches setBuffer:offset:atIndex:,
+# where Metal's validation layer requires offset < length and stops the process otherwise
 
-def test_missing_binding_fails_validation(c, emulator_only):
+def test_offset_at_end_of_buffer_runs(c):
+  c.alloc(1, 64); c.alloc(2, 64)
+  load(c, 1, FIRST, 2)
+  launched(c, 1, [(1, 0), (2, 64)])                    # before the fix: EDEVICE, "offset(64) must be < [buffer length](64)"
+  assert struct.unpack("<f", c.read(1, 0, 4))[0] == 42.0
+
+def test_offset_at_end_of_buffer_under_the_debug_layer(metal_addr):
+  # under MTL_DEBUG_LAYER=1 (as the macOS workflow runs) the layer stops the process on such an offset, ending every session
+  needs_own_metal_runner()
+  r = metal_runner_proc(env={"MTL_DEBUG_LAYER": "1"})
+  try:
+    bystander, c = Raw(r.addr), Raw(r.addr)
+    bystander.alloc(1, 64)
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 1, FIRST, 2)
+    c.launch(1, [(1, 0), (2, 64)], wait=True)
+    t, f, _ = c.frame()                                # before the fix: the runner aborts, "connection closed after 0 of 12 bytes"
+    assert t == P.RLAUNCH, (P.TYPE_NAMES.get(t), f)
+    assert r.alive() and bystander.read(1, 0, 4) == bytes(4)
+    c.close(); bystander.close()
+  finally:
+    r.stop()
+  assert "failed assertion" not in "\n".join(r.log), r.log_text(0)
+
+def test_offset_past_end_of_buffer_is_erange(c):
+  c.alloc(1, 64); c.alloc(2, 64)
+  load(c, 1, FIRST, 2)
+  code, text = launch_error(c, 1, [(1, 0), (2, 65)])
+  assert code == P.ERANGE and "offset 65 is past the end" in text, text
+
+def test_missing_binding_fails_validation(c, informative_validation):
   c.alloc(1, 64)
   load(c, 1, ADD1, 1)                                  # the kernel declares two buffers; the client says one
   code, text = launch_error(c, 1, [(1, 0)])

@@ -59,7 +59,7 @@ def test_runner_typechecks():
 
 def test_renamed_selector_fails(tmp_path):
   # setBuffer:offset:atIndex: -> setBuffer:offset:index: (the Swift spelling): the check must catch it.
-  src = broken_copy(tmp_path, "offset:(NSUInteger)l->offsets[i] atIndex:i]", "offset:(NSUInteger)l->offsets[i] index:i]")
+  src = broken_copy(tmp_path, "offset:(NSUInteger)off atIndex:i]", "offset:(NSUInteger)off index:i]")
   r = typecheck(src)
   assert r.returncode != 0, "a misspelt Metal selector passed the type check: the check cannot fail"
   assert "setBuffer:offset:index:" in r.stderr, r.stderr

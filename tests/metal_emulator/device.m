@@ -24,11 +24,18 @@ NSArray *emu_array(id *objs, NSUInteger n);
 
 /* ---- MTLCompileOptions: a class cluster, the stub declares no ivars ---- */
 
+/* MTLMathFloatingPointFunctions (MTLLibrary.h, macOS 15): Fast 0, Precise
+ * 1; MTLMathMode's values are library.h's EMU_MATH_*. */
+enum { EMU_FPFUNC_FAST = 0, EMU_FPFUNC_PRECISE = 1 };
+
 @interface EmuCompileOptions : MTLCompileOptions {
 @public
-	BOOL fast;
+	NSInteger mathmode;
+	NSInteger fpfunctions;
 	MTLLanguageVersion version;
+	char setters[256];	/* what was set, in order, for METAL_EMU_TRACE */
 }
+- (void)record:(const char *)fmt, ... __attribute__((format(printf, 1, 2)));
 @end
 
 @implementation MTLCompileOptions
@@ -40,11 +47,43 @@ NSArray *emu_array(id *objs, NSUInteger n);
 }
 - (BOOL)fastMathEnabled
 {
-	return ((EmuCompileOptions *)self)->fast;
+	return ((EmuCompileOptions *)self)->mathmode == EMU_MATH_FAST;
 }
+/* "If fastMathEnabled is YES, the system sets mathMode to
+ * MTLMathModeFast and mathFloatingPointFunctions to
+ * MTLMathFloatingPointFunctionsFast"; NO sets Safe and Precise.
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/mathmode */
 - (void)setFastMathEnabled:(BOOL)on
 {
-	((EmuCompileOptions *)self)->fast = on;
+	EmuCompileOptions *o = (EmuCompileOptions *)self;
+
+	o->mathmode = on ? EMU_MATH_FAST : EMU_MATH_SAFE;
+	o->fpfunctions = on ? EMU_FPFUNC_FAST : EMU_FPFUNC_PRECISE;
+	[o record:"fastMathEnabled=%s", on ? "YES" : "NO"];
+}
+- (MTLMathMode)mathMode
+{
+	return (MTLMathMode)((EmuCompileOptions *)self)->mathmode;
+}
+- (void)setMathMode:(MTLMathMode)mode
+{
+	static const char *names[] = { "safe", "relaxed", "fast" };
+
+	((EmuCompileOptions *)self)->mathmode = mode;
+	[(EmuCompileOptions *)self record:"mathMode=%s", mode >= 0 && mode <= 2 ?
+	    names[mode] : "?"];
+}
+- (MTLMathFloatingPointFunctions)mathFloatingPointFunctions
+{
+	return (MTLMathFloatingPointFunctions)
+	    ((EmuCompileOptions *)self)->fpfunctions;
+}
+- (void)setMathFloatingPointFunctions:(MTLMathFloatingPointFunctions)f
+{
+	((EmuCompileOptions *)self)->fpfunctions = f;
+	[(EmuCompileOptions *)self record:"mathFloatingPointFunctions=%s",
+	    f == EMU_FPFUNC_FAST ? "fast" : f == EMU_FPFUNC_PRECISE ?
+	    "precise" : "?"];
 }
 - (MTLLanguageVersion)languageVersion
 {
@@ -53,15 +92,35 @@ NSArray *emu_array(id *objs, NSUInteger n);
 - (void)setLanguageVersion:(MTLLanguageVersion)v
 {
 	((EmuCompileOptions *)self)->version = v;
+	[(EmuCompileOptions *)self record:"languageVersion=%lu.%lu",
+	    (unsigned long)(v >> 16), (unsigned long)(v & 0xffff)];
 }
 @end
 
 @implementation EmuCompileOptions
 - (instancetype)init
 {
-	fast = YES;	/* Metal's default: fast math on */
-	version = 0;	/* unset: the newest */
+	/* Metal's defaults: fast math (fastMathEnabled YES), the fast FP32
+	 * functions, the newest language version. */
+	mathmode = EMU_MATH_FAST;
+	fpfunctions = EMU_FPFUNC_FAST;
+	version = 0;
 	return self;
+}
+- (void)record:(const char *)fmt, ...
+{
+	size_t n = strlen(setters);
+	va_list ap;
+
+	if (n + 2 >= sizeof(setters))
+		return;
+	if (n > 0) {
+		strcpy(setters + n, ", ");
+		n += 2;
+	}
+	va_start(ap, fmt);
+	vsnprintf(setters + n, sizeof(setters) - n, fmt, ap);
+	va_end(ap);
 }
 @end
 
@@ -152,33 +211,46 @@ metal_version(MTLLanguageVersion v)
 
 @interface EmuDevice : NSObject <MTLDevice> {
 	int family;	/* emulated MTLGPUFamilyAppleN: N */
+	int index;	/* 0; with METAL_EMU_DEVICES=2, 0 is the low-power one */
+	BOOL lowpower;
 }
+- (instancetype)initAt:(int)i of:(int)n;
 @end
 
 static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
-static EmuDevice *the_device;	/* not retained: cleared in dealloc */
+static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 @implementation EmuDevice
 
-- (instancetype)init
+- (instancetype)initAt:(int)i of:(int)n
 {
 	const char *f = getenv("METAL_EMU_FAMILY");
 
 	family = 7;	/* Apple7 (M1): simdgroup matrices, tensor cores */
 	if (f != NULL && sscanf(f, "Apple%d", &family) != 1)
 		family = 7;
-	if (family < 1 || family > 9)
+	if (family < 1 || family > 10)
 		family = 7;
+	index = i;
+	lowpower = n == 2 && i == 0;
 	emu_exec_init();
-	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d) "
+	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s) "
 	    "running kernels on the CPU; not a GPU, not Apple's compiler",
-	    family);
+	    family, lowpower ? ", low power" : "");
 	return self;
 }
 
 - (NSString *)name
 {
-	return emu_string("Metal emulator (CPU, test harness)");
+	return emu_string("Metal emulator (CPU, test harness%s)",
+	    lowpower ? ", low power" : "");
+}
+
+/* @property(readonly, getter=isLowPower) BOOL lowPower;  (macOS 10.11)
+ * https://developer.apple.com/documentation/metal/mtldevice/islowpower */
+- (BOOL)isLowPower
+{
+	return lowpower;
 }
 
 - (BOOL)hasUnifiedMemory
@@ -198,7 +270,9 @@ static EmuDevice *the_device;	/* not retained: cleared in dealloc */
 
 - (BOOL)supportsFamily:(MTLGPUFamily)f
 {
-	if (f >= MTLGPUFamilyApple1 && f <= MTLGPUFamilyApple9)
+	/* MTLGPUFamilyApple1 = 1001 ... MTLGPUFamilyApple10 = 1010 (the
+	 * macOS 26 SDK's MTLDevice.h) */
+	if (f >= MTLGPUFamilyApple1 && f <= MTLGPUFamilyApple1 + 9)
 		return f - MTLGPUFamilyApple1 + 1 <= family;
 	return f == MTLGPUFamilyMac2;
 }
@@ -265,8 +339,17 @@ static EmuDevice *the_device;	/* not retained: cleared in dealloc */
 			    "0x%lx", (unsigned long)lv);
 		return nil;
 	}
-	l = emu_lib_compile(src, strlen(src), version,
-	    options == nil || ((EmuCompileOptions *)options)->fast, &err);
+	if (getenv("METAL_EMU_TRACE") != NULL &&
+	    strcmp(getenv("METAL_EMU_TRACE"), "1") == 0)
+		emu_log("newLibraryWithSource: compile options set: %s",
+		    options == nil ? "none (nil)" :
+		    ((EmuCompileOptions *)options)->setters[0] == '\0' ?
+		    "none" : ((EmuCompileOptions *)options)->setters);
+	/* Relaxed is fast math that honours infinities and NaNs. The FP32
+	 * functions are the C library's either way (README.md). */
+	l = emu_lib_compile(src, strlen(src), version, options == nil ?
+	    EMU_MATH_FAST : (int)((EmuCompileOptions *)options)->mathmode,
+	    &err);
 	if (l == NULL) {
 		/* MTLLibraryErrorCompileFailure = 3 */
 		if (error != NULL)
@@ -301,44 +384,61 @@ static EmuDevice *the_device;	/* not retained: cleared in dealloc */
 - (void)dealloc
 {
 	pthread_mutex_lock(&device_lock);
-	if (the_device == self)
-		the_device = nil;
+	if (the_devices[index] == self)
+		the_devices[index] = nil;
 	pthread_mutex_unlock(&device_lock);
 	[super dealloc];
 }
 
 @end
 
-/* The one device, shared while anyone holds it. */
+/* Devices listed: 1, or with METAL_EMU_DEVICES=2 two, as on a Mac with an
+ * integrated (low-power) and a discrete GPU, the low-power one first. */
+static int
+device_count(void)
+{
+	const char *n = getenv("METAL_EMU_DEVICES");
+
+	return n != NULL && strcmp(n, "2") == 0 ? 2 : 1;
+}
+
+/* Device i, shared while anyone holds it; retained for the caller. */
 static EmuDevice *
-device_get(void)
+device_get(int i)
 {
 	EmuDevice *d;
 
 	pthread_mutex_lock(&device_lock);
-	if (the_device == nil)
-		the_device = (EmuDevice *)[[EmuDevice alloc] init];
+	if (the_devices[i] == nil)
+		the_devices[i] = [(EmuDevice *)[EmuDevice alloc] initAt:i
+		    of:device_count()];
 	else
-		[the_device retain];
-	d = the_device;
+		[the_devices[i] retain];
+	d = the_devices[i];
 	pthread_mutex_unlock(&device_lock);
 	return d;
 }
 
+/* The default device is the high-power one when there are two. */
 id <MTLDevice> _Nullable
 MTLCreateSystemDefaultDevice(void)
 {
 	if (getenv("METAL_EMU_NO_DEFAULT_DEVICE") != NULL)
 		return nil;	/* as for a tool that does not link CoreGraphics */
-	return device_get();
+	return device_get(device_count() - 1);
 }
 
 NSArray<id <MTLDevice>> *
 MTLCopyAllDevices(void)
 {
-	EmuDevice *d = device_get();
-	NSArray *all = emu_array((id *)&d, 1);
+	EmuDevice *d[2];
+	NSArray *all;
+	int i, n = device_count();
 
-	[d release];
+	for (i = 0; i < n; i++)
+		d[i] = device_get(i);
+	all = emu_array((id *)d, (NSUInteger)n);
+	for (i = 0; i < n; i++)
+		[d[i] release];
 	return all;
 }

@@ -339,6 +339,10 @@ emu_string(const char *fmt, ...)
 {
 	return desc;
 }
+- (NSInteger)code
+{
+	return code;
+}
 - (void)dealloc
 {
 	[desc release];
@@ -350,6 +354,10 @@ emu_string(const char *fmt, ...)
 - (NSString *)localizedDescription
 {
 	return emu_string("%s", "");
+}
+- (NSInteger)code
+{
+	return 0;
 }
 @end
 

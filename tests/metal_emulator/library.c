@@ -347,17 +347,21 @@ toolchain_hash(void)
  * replaced by "program_source", as Metal names the source in its errors. */
 static char *
 run_compiler(const char *srcpath, const char *outpath, unsigned version,
-    int fastmath)
+    int mathmode)
 {
+	const char *fast = mathmode == EMU_MATH_SAFE ? "-fno-fast-math" :
+	    "-ffast-math";
 	char vdef[64], *out, *p, *msg;
-	/* -fwrapv: GPU integers wrap, tinygrad's index arithmetic may rely
+	/* Relaxed math: fast math that honours infinities and NaNs.
+	 * -fwrapv: GPU integers wrap, tinygrad's index arithmetic may rely
 	 * on it; -fno-strict-aliasing: kernels cast buffer pointers between
 	 * types; no excess precision: half rounds after every operation, as
 	 * on Metal. */
 	const char *argv[] = { compiler(), "-x", "c++", "-std=c++17", "-O2",
-	    "-fPIC", "-shared", fastmath ? "-ffast-math" : "-fno-fast-math",
-	    "-fwrapv", "-fno-strict-aliasing", "-Xclang",
-	    "-ffloat16-excess-precision=none", "-w", "-fno-caret-diagnostics",
+	    "-fPIC", "-shared", fast, mathmode == EMU_MATH_RELAXED ?
+	    "-fno-finite-math-only" : fast, "-fwrapv", "-fno-strict-aliasing",
+	    "-Xclang", "-ffloat16-excess-precision=none", "-w",
+	    "-fno-caret-diagnostics",
 	    "-I", METAL_EMU_INCLUDE, vdef, "-o", outpath, srcpath, NULL };
 	posix_spawn_file_actions_t fa;
 	struct buf b = { NULL, 0, 0 };
@@ -418,7 +422,7 @@ run_compiler(const char *srcpath, const char *outpath, unsigned version,
 static pthread_mutex_t compile_lock = PTHREAD_MUTEX_INITIALIZER;
 
 struct emu_lib *
-emu_lib_compile(const char *src, size_t len, unsigned version, int fastmath,
+emu_lib_compile(const char *src, size_t len, unsigned version, int mathmode,
     char **err)
 {
 	struct buf full = { NULL, 0, 0 }, tail = { NULL, 0, 0 };
@@ -449,7 +453,7 @@ emu_lib_compile(const char *src, size_t len, unsigned version, int fastmath,
 
 	key = fnv1a(toolchain_hash(), full.p, full.n);
 	key = fnv1a(key, &version, sizeof(version));
-	key = fnv1a(key, &fastmath, sizeof(fastmath));
+	key = fnv1a(key, &mathmode, sizeof(mathmode));
 	cache_dir(dir, sizeof(dir));
 	mkdir(dir, 0700);
 	snprintf(so, sizeof(so), "%s/%016llx.so", dir, (unsigned long long)key);
@@ -476,7 +480,7 @@ emu_lib_compile(const char *src, size_t len, unsigned version, int fastmath,
 			goto fail;
 		}
 		close(fd);
-		*err = run_compiler(tmpcpp, tmpso, version, fastmath);
+		*err = run_compiler(tmpcpp, tmpso, version, mathmode);
 		if (*err == NULL && (rename(tmpso, so) == -1 ||
 		    rename(tmpcpp, cpp) == -1))
 			*err = errf("the Metal emulator cannot fill its cache "

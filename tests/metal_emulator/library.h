@@ -11,11 +11,16 @@
 
 struct emu_lib;
 
+/* MTLMathMode's values (MTLLibrary.h, macOS 15): safe, relaxed (fast math
+ * that honours infinities and NaNs), fast. */
+enum { EMU_MATH_SAFE = 0, EMU_MATH_RELAXED = 1, EMU_MATH_FAST = 2 };
+
 /* Compile MSL source at language version (200, 300, 310, ..., the value
- * of __METAL_VERSION__), with fast math or not. NULL with *err set (malloc'd) on failure; for a
- * compile error, *err is the compiler's whole output. */
+ * of __METAL_VERSION__), in math mode EMU_MATH_*. NULL with *err set
+ * (malloc'd) on failure; for a compile error, *err is the compiler's whole
+ * output. */
 struct emu_lib *emu_lib_compile(const char *src, size_t len, unsigned version,
-    int fastmath, char **err);
+    int mathmode, char **err);
 /* The kernel named name, or NULL. Valid while l is. */
 const struct metal_emu_kernel *emu_lib_kernel(struct emu_lib *l,
     const char *name);

@@ -15,7 +15,17 @@
  * is kept and fails the command buffer with the layer's message when it
  * runs; the real layer stops the process instead, which would end every
  * session of a runner, so failing the one command buffer keeps a test
- * informative. Nothing is repaired: the work is not run.
+ * informative. Nothing is repaired: the work is not run. With
+ * MTL_DEBUG_LAYER=1 in the environment a violation stops the process at
+ * once, as Apple's layer does (its default error mode, assert).
+ *
+ * Knobs a test sets in the environment to make this device fail as a real
+ * one can (README.md, "Injecting failures"): METAL_EMU_FAIL=CODE@N (the Nth
+ * command buffer committed fails with MTLCommandBufferError CODE; 4, 7 and
+ * 11 mean the GPU is lost to the process, so every later one fails too),
+ * METAL_EMU_NIL_COMMAND_BUFFER=N and METAL_EMU_NIL_ENCODER=N (the Nth call
+ * returns nil, as the nullable declarations allow), and METAL_EMU_TRACE=1
+ * (a line per commit and per completion, numbered across the process).
  */
 #import "emu.h"
 
@@ -26,6 +36,17 @@
 #include <time.h>
 
 #define EMU_MAX_UNCOMPLETED 64	/* newCommandQueue: 64 uncompleted buffers */
+
+/* MTLCommandBufferError (MTLCommandBuffer.h): the codes after which, as
+ * Apple documents them, the process gets no more GPU work done. */
+#define EMU_ERR_ACCESS_REVOKED 4
+#define EMU_ERR_NOT_PERMITTED 7
+#define EMU_ERR_DEVICE_REMOVED 11
+
+/* Process-wide counts, for the knobs and the trace. */
+static atomic_ulong emu_ncommits, emu_ncmdbufs, emu_nencoders;
+/* The code every command buffer now fails with (the GPU is lost), or 0. */
+static atomic_long emu_lost;
 
 enum { CMD_DISPATCH = 1, CMD_COPY };
 
@@ -60,6 +81,7 @@ struct emu_cmd {
 @public
 	EmuQueue *queue;		/* retained */
 	EmuCommandBuffer *next;
+	unsigned long seq;		/* commit number in the process, from 1 */
 	_Atomic MTLCommandBufferStatus status;
 	NSError *err;			/* retained */
 	double t0, t1;
@@ -105,6 +127,70 @@ now(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static int
+trace(void)
+{
+	const char *t = getenv("METAL_EMU_TRACE");
+
+	return t != NULL && strcmp(t, "1") == 0;
+}
+
+/* Is this, the nth call counted by a knob, the one it names? */
+static int
+nth_call(const char *knob, atomic_ulong *count)
+{
+	const char *v = getenv(knob);
+	unsigned long n = atomic_fetch_add(count, 1) + 1;
+
+	return v != NULL && strtoul(v, NULL, 10) == n;
+}
+
+/* The text Metal gives a command buffer that failed with code, as Apple
+ * GPUs word it (the failures an emulated device can be told to have). */
+static const char *
+fail_text(long code)
+{
+	switch (code) {
+	case 1:
+		return "Internal Error (0000000e:Internal Error)";
+	case 2:
+		return "Caused GPU Timeout Error (00000002:kIOGPUCommandBuffer"
+		    "CallbackErrorTimeout)";
+	case EMU_ERR_ACCESS_REVOKED:
+		return "Ignored (for causing prior/excessive GPU errors) "
+		    "(00000004:kIOGPUCommandBufferCallbackErrorSubmissions"
+		    "Ignored)";
+	case EMU_ERR_NOT_PERMITTED:
+		return "Insufficient Permission (to submit GPU work from "
+		    "background) (00000006:kIOGPUCommandBufferCallbackError"
+		    "BackgroundExecutionNotPermitted)";
+	case 8:
+		return "Insufficient Memory (00000008:kIOGPUCommandBuffer"
+		    "CallbackErrorOutOfMemory)";
+	case EMU_ERR_DEVICE_REMOVED:
+		return "Device Removed (the GPU is no longer available)";
+	}
+	return "GPU error";
+}
+
+/* METAL_EMU_FAIL=CODE@N: the code command buffer seq fails with, or 0. */
+static long
+injected_failure(unsigned long seq)
+{
+	const char *v = getenv("METAL_EMU_FAIL");
+	unsigned long n;
+	long code;
+	char *end;
+
+	if (v == NULL)
+		return 0;
+	code = strtol(v, &end, 10);
+	if (*end != '@' || code <= 0)
+		return 0;
+	n = strtoul(end + 1, NULL, 10);
+	return n == seq ? code : 0;
+}
+
 static void
 cmd_release(struct emu_cmd *c)
 {
@@ -127,6 +213,7 @@ cmd_release(struct emu_cmd *c)
 - (void)invalid:(const char *)fmt, ...
 {
 	char msg[sizeof(invalid) - 64];
+	const char *v;
 	va_list ap;
 
 	if (invalid[0] != '\0')
@@ -137,6 +224,12 @@ cmd_release(struct emu_cmd *c)
 	snprintf(invalid, sizeof(invalid), "Metal API Validation "
 	    "(emulated): %s", msg);
 	emu_log("%s", invalid);
+	if ((v = getenv("MTL_DEBUG_LAYER")) != NULL && strcmp(v, "1") == 0) {
+		/* The real layer's default error mode: a failed assertion. */
+		emu_log("MTL_DEBUG_LAYER=1: failed assertion `%s'; stopping the "
+		    "process, as Apple's validation layer does", msg);
+		abort();
+	}
 }
 
 - (struct emu_cmd *)newCommand
@@ -189,6 +282,9 @@ cmd_release(struct emu_cmd *c)
 		[self invalid:"command buffer committed with an encoder that "
 		    "has not called endEncoding"];
 	[self retain];		/* the queue's reference until it has run */
+	seq = atomic_fetch_add(&emu_ncommits, 1) + 1;
+	if (trace())
+		emu_log("commit %lu (%zu commands)", seq, ncmds);
 	pthread_mutex_lock(&q->mu);
 	atomic_store(&status, MTLCommandBufferStatusCommitted);
 	if (q->tail != nil)
@@ -218,11 +314,15 @@ cmd_release(struct emu_cmd *c)
 
 - (nullable id <MTLComputeCommandEncoder>)computeCommandEncoder
 {
+	if (nth_call("METAL_EMU_NIL_ENCODER", &emu_nencoders))
+		return nil;
 	return [EmuComputeEncoder encoderFor:self as:"computeCommandEncoder"];
 }
 
 - (nullable id <MTLBlitCommandEncoder>)blitCommandEncoder
 {
+	if (nth_call("METAL_EMU_NIL_ENCODER", &emu_nencoders))
+		return nil;
 	return [EmuBlitEncoder encoderFor:self as:"blitCommandEncoder"];
 }
 
@@ -326,6 +426,13 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 {
 	if (!arg_index_ok(cb, index, "setBuffer:offset:"))
 		return;
+	/* Checked here, at the call, whether or not the kernel uses the
+	 * index: an offset at the end of the buffer is outside it too. */
+	if (buffer != nil && offset >= ((EmuBuffer *)buffer)->length)
+		[cb invalid:"setBuffer:offset:atIndex:%lu: offset(%lu) must be "
+		    "< [buffer length](%lu)", (unsigned long)index,
+		    (unsigned long)offset,
+		    (unsigned long)((EmuBuffer *)buffer)->length];
 	[self clearIndex:index];
 	bufs[index] = [(id)buffer retain];
 	offsets[index] = offset;
@@ -388,14 +495,8 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 		}
 		if (bufs[p->index] != nil) {
 			blen = bufs[p->index]->length;
-			if (offsets[p->index] >= blen) {
-				[cb invalid:"Compute Function(%s): buffer at "
-				    "index %d: offset(%lu) must be < [buffer "
-				    "length](%lu)", k->name, p->index,
-				    (unsigned long)offsets[p->index],
-				    (unsigned long)blen];
-				return -1;
-			}
+			if (offsets[p->index] >= blen)
+				return -1;	/* reported by setBuffer */
 			if (p->kind == METAL_EMU_PARAM_REFERENCE &&
 			    blen - offsets[p->index] < p->size) {
 				[cb invalid:"Compute Function(%s): argument at "
@@ -535,11 +636,29 @@ run(EmuCommandBuffer *cb)
 {
 	char err[1024] = "";
 	struct emu_cmd *c;
+	long code = 1, lost;	/* MTLCommandBufferErrorInternal */
 	size_t i;
 
 	cb->t0 = now();
 	if (cb->invalid[0] != '\0')
 		snprintf(err, sizeof(err), "%s", cb->invalid);
+	else if ((lost = atomic_load(&emu_lost)) != 0 ||
+	    (code = injected_failure(cb->seq)) != 0) {
+		/* A lost GPU runs nothing more for this process, and code 4,
+		 * 7 or 11 loses it. */
+		if (lost != 0)
+			code = lost;
+		else if (code == EMU_ERR_ACCESS_REVOKED ||
+		    code == EMU_ERR_NOT_PERMITTED ||
+		    code == EMU_ERR_DEVICE_REMOVED)
+			atomic_store(&emu_lost, lost = code);
+		snprintf(err, sizeof(err), "Execution of the command buffer was "
+		    "aborted due to an error during execution. %s [emulated: "
+		    "MTLCommandBufferError %ld, %s]", fail_text(code), code,
+		    lost != 0 ? "the GPU is lost to this process" :
+		    "injected by METAL_EMU_FAIL");
+	} else
+		code = 1;
 	for (i = 0; err[0] == '\0' && i < cb->ncmds; i++) {
 		c = &cb->cmds[i];
 		if (c->type == CMD_DISPATCH)
@@ -550,7 +669,10 @@ run(EmuCommandBuffer *cb)
 	}
 	cb->t1 = now();
 	if (err[0] != '\0')
-		cb->err = [emu_error(1, "%s", err) retain];
+		cb->err = [emu_error(code, "%s", err) retain];
+	if (trace())
+		emu_log("command buffer %lu %s", cb->seq, err[0] != '\0' ?
+		    "failed" : "completed");
 	/* Done with the resources: they were kept alive until now. */
 	for (i = 0; i < cb->ncmds; i++)
 		cmd_release(&cb->cmds[i]);
@@ -599,6 +721,8 @@ queue_thread(void *arg)
 {
 	EmuCommandBuffer *cb;
 
+	if (nth_call("METAL_EMU_NIL_COMMAND_BUFFER", &emu_ncmdbufs))
+		return nil;
 	/* Block while 64 are uncompleted, as Metal does. */
 	pthread_mutex_lock(&mu);
 	while (uncompleted >= EMU_MAX_UNCOMPLETED)

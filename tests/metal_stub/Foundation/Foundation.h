@@ -26,6 +26,15 @@
 #define API_AVAILABLE(...)
 #define API_DEPRECATED(...)
 
+/* <Availability.h>, which Foundation.h brings in, defines __MAC_15_0 in the
+ * macOS 15 SDK and later, and not before: runner.m tests it to use what
+ * only those SDKs declare (mathMode). These stubs are of that era (as the
+ * pinned metal-cpp, 367.4.2, is), so they define it, unless a real
+ * <Availability.h> (the macOS cross build's) came first. */
+#ifndef __MAC_15_0
+#define __MAC_15_0 150000
+#endif
+
 /* typedef double CFTimeInterval; (CoreFoundation, which Foundation imports)
  * https://developer.apple.com/documentation/corefoundation/cftimeinterval */
 typedef double CFTimeInterval;
@@ -56,6 +65,9 @@ enum {
 /* @property(readonly, copy) NSString *localizedDescription;
  * https://developer.apple.com/documentation/foundation/nserror/localizeddescription */
 @property (readonly, copy) NSString *localizedDescription;
+/* @property(readonly) NSInteger code;
+ * https://developer.apple.com/documentation/foundation/nserror/code */
+@property (readonly) NSInteger code;
 @end
 
 @interface NSArray<__covariant ObjectType> : NSObject

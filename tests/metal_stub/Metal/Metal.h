@@ -83,6 +83,22 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
 	MTLLanguageVersion3_1 = (3 << 16) + 1
 };
 
+/* typedef NS_ENUM(NSInteger, MTLMathMode)  (macOS 15; MTLLibrary.h:
+ * Safe = 0, Relaxed = 1, Fast = 2). Only the value runner.m names.
+ * https://developer.apple.com/documentation/metal/mtlmathmode
+ * https://developer.apple.com/documentation/metal/mtlmathmode/safe */
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+	MTLMathModeSafe = 0
+} API_AVAILABLE(macos(15.0));
+
+/* typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions)  (macOS 15;
+ * MTLLibrary.h: Fast = 0, Precise = 1). Only the value runner.m names.
+ * https://developer.apple.com/documentation/metal/mtlmathfloatingpointfunctions
+ * https://developer.apple.com/documentation/metal/mtlmathfloatingpointfunctions/precise */
+typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
+	MTLMathFloatingPointFunctionsPrecise = 1
+} API_AVAILABLE(macos(15.0));
+
 /* https://developer.apple.com/documentation/metal/mtlcompileoptions */
 @interface MTLCompileOptions : NSObject
 /* @property(readwrite, nonatomic) MTLLanguageVersion languageVersion;
@@ -96,6 +112,19 @@ typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
  * https://developer.apple.com/documentation/metal/mtlcompileoptions/fastmathenabled */
 @property (readwrite, nonatomic) BOOL fastMathEnabled
     __attribute__((deprecated("Use mathMode instead")));
+/* @property(readwrite, nonatomic) MTLMathMode mathMode;  (macOS 15)
+ * "Sets the floating-point arithmetic optimizations. Default depends on
+ * the language standard version." (MTLLibrary.h); fastMathEnabled NO
+ * sets it to MTLMathModeSafe.
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/mathmode */
+@property (readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0));
+/* @property(readwrite, nonatomic) MTLMathFloatingPointFunctions
+ *     mathFloatingPointFunctions;  (macOS 15)
+ * "The FP32 math functions Metal uses"; the default is Fast.
+ * https://developer.apple.com/documentation/metal/mtlcompileoptions/mathfloatingpointfunctions
+ * https://developer.apple.com/documentation/metal/mtlmathfloatingpointfunctions/fast */
+@property (readwrite, nonatomic) MTLMathFloatingPointFunctions
+    mathFloatingPointFunctions API_AVAILABLE(macos(15.0));
 @end
 
 /* ---- MTLComputePipeline.h ---- */
@@ -159,6 +188,26 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
 	MTLCommandBufferStatusError = 5
 };
 
+/* typedef NS_ENUM(NSUInteger, MTLCommandBufferError): the code of a failed
+ * command buffer's error (domain MTLCommandBufferErrorDomain). Only the
+ * values runner.m names: those after which, as Apple documents them, the
+ * process gets no more GPU work done. Values from the SDK's
+ * MTLCommandBuffer.h (AccessRevoked = 4, the old Blacklisted;
+ * NotPermitted = 7; DeviceRemoved = 11).
+ * accessRevoked: "the system has revoked the Metal device's access because
+ * it's responsible for too many timeouts or hangs"; notPermitted: "a
+ * process doesn't have access to a GPU device"; deviceRemoved (macOS):
+ * "physically removed the GPU device".
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/code
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/accessrevoked
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/notpermitted
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererror-swift.struct/code/deviceremoved */
+typedef NS_ENUM(NSUInteger, MTLCommandBufferError) {
+	MTLCommandBufferErrorAccessRevoked = 4,
+	MTLCommandBufferErrorNotPermitted = 7,
+	MTLCommandBufferErrorDeviceRemoved = 11
+};
+
 @protocol MTLCommandBuffer <NSObject>
 /* @property(readonly) CFTimeInterval GPUStartTime;  (macOS 10.15)
  * https://developer.apple.com/documentation/metal/mtlcommandbuffer/gpustarttime */
@@ -219,6 +268,11 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
 /* @property(nonnull, readonly) NSString *name;
  * https://developer.apple.com/documentation/metal/mtldevice/name */
 @property (nonnull, readonly) NSString *name;
+/* @property(readonly, getter=isLowPower) BOOL lowPower;  (macOS 10.11)
+ * "A Boolean value that indicates whether a GPU device is a low-power
+ * device" (on a Mac with an integrated and a discrete GPU, the integrated)
+ * https://developer.apple.com/documentation/metal/mtldevice/islowpower */
+@property (readonly, getter=isLowPower) BOOL lowPower;
 /* @property(readonly) BOOL hasUnifiedMemory;  (macOS 10.15)
  * https://developer.apple.com/documentation/metal/mtldevice/hasunifiedmemory */
 @property (readonly) BOOL hasUnifiedMemory;
