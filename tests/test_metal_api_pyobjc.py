@@ -74,6 +74,15 @@ PYOBJC_DIFFERS = {
                                          "mtllanguageversion; metal-cpp: _MTL_ENUM(NS::UInteger, LanguageVersion))")},
   "setFastMathEnabled:": {"retval": ("v", None, "MTLCompileOptions is a class: PyObjC records only the BOOL argument of this "
                                      "setter (the runtime cannot tell BOOL from char); a property setter returns void")},
+  "setMathMode:": {"retval": ("v", None, "MTLCompileOptions is a class: PyObjC records nothing for this setter (macOS 15); a "
+                              "property setter returns void"),
+                   2: ("q", None, "MTLMathMode is NS_ENUM(NSInteger) (developer.apple.com/documentation/metal/mtlmathmode; "
+                                  "metal-cpp: _MTL_ENUM(NS::Integer, MathMode))")},
+  "setMathFloatingPointFunctions:": {"retval": ("v", None, "MTLCompileOptions is a class: PyObjC records nothing for this setter "
+                                                "(macOS 15); a property setter returns void"),
+                                     2: ("q", None, "MTLMathFloatingPointFunctions is NS_ENUM(NSInteger) (developer.apple.com/"
+                                                    "documentation/metal/mtlmathfloatingpointfunctions; metal-cpp: "
+                                                    "_MTL_ENUM(NS::Integer, MathFloatingPointFunctions))")},
 }
 # Selectors runner.m sends that no header of tests/metal_stub declares, with the reason.
 UNDECLARED_SENDS = {
