@@ -491,7 +491,8 @@ class Runner:
       deadline = time.monotonic() + 0.5
       while True:
         t, f, data = self._recv_frame(deadline, None)
-        if t == P.RERROR and f["code"] in P.FATAL_ERRORS: return f"{P.ERRORS[f['code']]}: {data.decode('utf-8', 'replace')}"
+        if t == P.RERROR and (f["code"] in P.FATAL_ERRORS or f["tag"] == 0):
+          return f"{P.ERRORS.get(f['code'], f['code'])}: {data.decode('utf-8', 'replace')}"
     except Exception: return None
 
   # Replies are read through a read-ahead buffer, so a small reply costs one recv; Rread data beyond what the buffer
@@ -573,10 +574,12 @@ class Runner:
         while True:
           t, f, data = self._recv_frame(deadline, dests)
           if t == P.RERROR:
-            d = self._sent.get(f["tag"], f"tag {f['tag']}")
-            e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], _describe(d))
+            # tag 0, no request's: the runner's last word on the connection (protocol.md, Metal programs: a lost GPU)
+            last = f["tag"] == 0 and 0 not in self._sent
+            d = self._sent.get(f["tag"], "the connection" if last else f"tag {f['tag']}")
+            e = RunnerError(self.addr, f["code"], data.decode("utf-8", "replace"), None if last else f["tag"], _describe(d))
             if type(d) is tuple and d[0] is _TLOAD: self._failed.add(d[1])
-            if e.code in P.FATAL_ERRORS:  # the runner closes the connection after these
+            if e.code in P.FATAL_ERRORS or last:  # the runner closes the connection after these
               e.others = errors
               self.close()
               self._dead = e.reason()

@@ -103,6 +103,29 @@ def test_gpu_loss_found_by_a_later_request():
   finally:
     r.stop()
 
+def test_the_python_client_reports_the_loss_and_does_not_try_to_resume():
+  """The client's view (client/connection.py): the launch that saw the loss raises EDEVICE naming it; the next call raises the
+  runner's last word (the tag-0 EDEVICE) as the reason the connection is gone, rather than trying to resume a session the exiting
+  runner no longer holds and reporting only that nothing listens."""
+  from client.connection import Runner, RunnerError
+  r = emulated(METAL_EMU_FAIL="11@2")
+  try:
+    c = Runner(r.addr)
+    assert c.info.caps & P.CAP_RESUME
+    c.alloc(1, 64); c.alloc(2, 64)
+    c.load(1, P.PROG_METAL_SOURCE, "add1", ADD1.encode(), 2, 0)
+    c.launch(1, [(1, 0), (2, 0)], [], wait=True)
+    with pytest.raises(RunnerError) as first:
+      c.launch(1, [(1, 0), (2, 0)], [], wait=True)
+    assert first.value.code == P.EDEVICE and "DeviceRemoved (11)" in first.value.text, first.value
+    with pytest.raises(RunnerError) as last:
+      c.ping()
+    assert last.value.code == P.EDEVICE and "restart" in last.value.text and c.stats()["resumes"] == 0, last.value
+    with pytest.raises(RunnerError, match="unusable"): c.ping()
+    r.proc.wait(timeout=10)
+  finally:
+    r.stop()
+
 def test_other_gpu_errors_end_only_the_request():
   # a timeout (MTLCommandBufferErrorTimeout, 2) is one command buffer's failure: the session and the runner go on
   r = emulated(METAL_EMU_FAIL="2@1")
