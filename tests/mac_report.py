@@ -27,6 +27,7 @@ short (the test uses it); -k EXPR runs only the Metal tests matching EXPR.
 from __future__ import annotations
 import argparse, datetime, json, os, pathlib, platform, re, shlex, shutil, subprocess, sys, tempfile, time, traceback
 import xml.etree.ElementTree as ET
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAC = sys.platform == "darwin"
@@ -36,13 +37,11 @@ SIMDGROUP = "simdgroup_multiply_accumulate"                 # MetalRenderer's te
 # *** the computations: each returns its named outputs (Tensors, realized together); inputs come from numpy with a fixed seed, so both
 # processes compute on the same bytes. tol: (rtol, atol) for floating outputs where bit equality is not expected (Linux: the CPU reference)
 
-def _np(): import numpy as np; return np   # noqa: E702
-
-def rng(seed:int): return _np().random.default_rng(seed)
+def rng(seed:int): return np.random.default_rng(seed)
 
 def c_elementwise(dev:str, quick:bool) -> dict:
   from tinygrad import Tensor, dtypes
-  np, g, n = _np(), rng(1), 4096 if quick else 1 << 20
+  g, n = rng(1), 4096 if quick else 1 << 20
   a, b, c = (Tensor(g.standard_normal(n, dtype=np.float32), device=dev) for _ in range(3))
   i, j = (Tensor(g.integers(0, 1000, n, dtype=np.int32), device=dev) for _ in range(2))
   return {"a*b+c": a * b + c, "relu(a-b)": (a - b).relu(), "max(a,b)": a.maximum(b), "where(a>b,a,c)": (a > b).where(a, c),
@@ -51,7 +50,7 @@ def c_elementwise(dev:str, quick:bool) -> dict:
 
 def c_transcendental(dev:str, quick:bool) -> dict:
   from tinygrad import Tensor
-  np, g, n = _np(), rng(2), 4096 if quick else 1 << 20
+  g, n = rng(2), 4096 if quick else 1 << 20
   x = Tensor(g.uniform(-10, 10, n).astype(np.float32), device=dev)
   p = Tensor(g.uniform(0.01, 100, n).astype(np.float32), device=dev)
   big = Tensor(g.uniform(-1000, 1000, n).astype(np.float32), device=dev)
@@ -61,7 +60,7 @@ def c_transcendental(dev:str, quick:bool) -> dict:
 
 def c_reductions(dev:str, quick:bool) -> dict:
   from tinygrad import Tensor, dtypes
-  np, g = _np(), rng(3)
+  g = rng(3)
   x = Tensor(g.standard_normal((16, 256) if quick else (256, 4096), dtype=np.float32), device=dev)
   big = Tensor(g.standard_normal(1 << 16 if quick else 1 << 22, dtype=np.float32), device=dev)
   return {"sum(axis=1)": x.sum(axis=1), "max(axis=0)": x.max(axis=0), "mean()": x.mean(), "argmax(axis=1)": x.argmax(axis=1),
@@ -70,7 +69,7 @@ def c_reductions(dev:str, quick:bool) -> dict:
 
 def matmul(dev:str, quick:bool, dt) -> dict:
   from tinygrad import Tensor, dtypes
-  np, n = _np(), 64 if quick else 1024    # multiples of 8: MetalRenderer's tensor cores (8x8x8 simdgroup matrices, Apple7 and later)
+  n = 64 if quick else 1024    # multiples of 8: MetalRenderer's tensor cores (8x8x8 simdgroup matrices, Apple7 and later)
   g = rng(4 if dt == "float32" else 5)
   a, b = (Tensor(g.standard_normal((n, n), dtype=np.float32).astype(dt), device=dev) for _ in range(2))
   out = {f"a@b ({dt})": a @ b}
@@ -79,7 +78,7 @@ def matmul(dev:str, quick:bool, dt) -> dict:
 
 def c_conv2d(dev:str, quick:bool) -> dict:
   from tinygrad import Tensor
-  np, g = _np(), rng(6)
+  g = rng(6)
   (bs, cin, hw, cout) = (2, 8, 16, 16) if quick else (8, 64, 64, 128)
   x = Tensor(g.standard_normal((bs, cin, hw, hw), dtype=np.float32), device=dev)
   w = Tensor(g.standard_normal((cout, cin, 3, 3), dtype=np.float32) * 0.1, device=dev)
@@ -89,7 +88,7 @@ def c_conv2d(dev:str, quick:bool) -> dict:
 
 def c_half(dev:str, quick:bool) -> dict:
   from tinygrad import Tensor, dtypes
-  np, g, n = _np(), rng(7), 4096 if quick else 1 << 20
+  g, n = rng(7), 4096 if quick else 1 << 20
   a, b, c = (Tensor(g.standard_normal(n, dtype=np.float32).astype(np.float16), device=dev) for _ in range(3))
   wide = Tensor((g.standard_normal(n) * 3e4).astype(np.float32), device=dev)   # past float16's range: inf; tiny ones: subnormal or 0
   tiny = Tensor((g.standard_normal(n) * 1e-6).astype(np.float32), device=dev)
@@ -105,7 +104,7 @@ def c_mlp(dev:str, quick:bool) -> dict:
   """A TinyJit training step (forward, backward, SGD) of a 2-layer MLP, weights and batches from numpy; the losses and final weights."""
   from tinygrad import Tensor, TinyJit, nn, dtypes
   from tinygrad.helpers import Context
-  np, g = _np(), rng(8)
+  g = rng(8)
   din, dh, dout, bs = mlp_sizes(quick)
   class MLP:
     def __init__(self): self.l1, self.l2 = nn.Linear(din, dh), nn.Linear(dh, dout)
@@ -138,7 +137,6 @@ def llm_model(dev:str, quick:bool):
   """tinygrad.llm's Transformer (a small config, float16 weights from numpy as Transformer.from_gguf loads them) whose forward returns the
   last position's logits: its own forward without the sampling step (which, at temperature 0, is the argmax of these logits)."""
   from tinygrad import Tensor, nn
-  np = _np()
   try: import tinygrad.llm.kernels.amd  # noqa: F401
   except ImportError:
     # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/ (model.py imports it): what it means off AMD GPUs, plain nn.Linear and no custom
@@ -166,7 +164,7 @@ def c_llm(dev:str, quick:bool) -> dict:
   rollout TinyJit), each fed the next token of a fixed sequence rather than its own pick, so that a near tie cannot make the two devices'
   sequences diverge; the logits of every step."""
   from tinygrad import Tensor, UOp, dtypes
-  np, cfg = _np(), LLM[quick]
+  cfg = LLM[quick]
   model, mc = llm_model(dev, quick), cfg["max_context"]
   toks = [int(t) for t in rng(10).integers(0, cfg["vocab_size"], mc)]
   v_sp, v_toks = UOp.variable("start_pos", 0, mc - 1), UOp.variable("toks", 1, 32)
@@ -286,10 +284,11 @@ def f_llm(dev:str, quick:bool) -> dict:
                          f"{pos + 1}..{pos + n}")}
 
 FIGURES = [f_launch, f_roundtrip, f_copy, f_mlp, f_llm]
+SETUP = {f_mlp: ("mlp", c_mlp), f_llm: ("llm", c_llm)}   # what a figure uses: the STATE a case leaves
 
-def worker(role:str, d:pathlib.Path, quick:bool):
-  """One side, in a process of its own: runs CASES (outputs to d/ROLE-N.npz), then FIGURES; writes d/ROLE.json."""
-  np = _np()
+def worker(role:str, part:str, d:pathlib.Path, quick:bool):
+  """One side in a process of its own, part "cases" (CASES, outputs to d/ROLE-N.npz) or "figures" (FIGURES, after building what the MLP
+  and LLM figures use, untimed); writes d/ROLE-PART.json."""
   if role == "runner": import client.remote_metal  # noqa: F401  # METAL: the runner named by METAL_RUNNER
   from importlib.metadata import version
   from tinygrad import Device, Tensor
@@ -302,7 +301,7 @@ def worker(role:str, d:pathlib.Path, quick:bool):
   from tinygrad.uop.ops import Ops
   def sources(keys) -> list[str]:   # the kernels compiled for this device since keys (tinygrad may render them in a pool of processes)
     return [u.arg for k, p in list(to_program_cache.items()) if k not in keys and k[1] is type(device.renderer) for u in p.src if u.op is Ops.SOURCE]
-  for i, (name, _, fn, _) in enumerate(CASES):
+  for i, (name, _, fn, _) in enumerate(CASES if part == "cases" else []):
     keys, t = set(to_program_cache), time.perf_counter()
     try:
       outs = fn(dev, quick)
@@ -315,16 +314,17 @@ def worker(role:str, d:pathlib.Path, quick:bool):
                             "simdgroup": sum(SIMDGROUP in s for s in srcs)}
     except Exception:
       res["cases"][name] = {"error": trim(traceback.format_exc(), 60)}
-  for fig in FIGURES:
-    try: res["figures"].update(fig(dev, quick))
+  for fig in FIGURES if part == "figures" else []:
+    try:
+      if fig in SETUP and SETUP[fig][0] not in STATE: SETUP[fig][1](dev, quick)   # the model and its TinyJit, untimed
+      res["figures"].update(fig(dev, quick))
     except Exception: res["figures"][fig.__name__[2:]] = {"error": trim(traceback.format_exc(), 30)}
-  (d / f"{role}.json").write_text(json.dumps(res))
+  (d / f"{role}-{part}.json").write_text(json.dumps(res))
 
 # *** comparing outputs
 
 def ordered(x):
   """Floats as integers in the order of their values (-0.0 and 0.0 both 0), so that the difference of two is their distance in ULP."""
-  np = _np()
   it = {2: np.int16, 4: np.int32, 8: np.int64}[x.dtype.itemsize]
   i = x.view(it).astype(np.int64)
   return np.where(i < 0, np.int64(np.iinfo(it).min) - i, i)
@@ -332,7 +332,6 @@ def ordered(x):
 def compare(got, ref, rtol:float, atol:float) -> dict:
   """got (the runner's) against ref: bit identity, elements that differ, the largest difference in ULP (floats) or value (integers), and
   whether they agree within rtol/atol (floats; integers must be equal)."""
-  np = _np()
   r = {"dtype": str(ref.dtype), "shape": list(ref.shape), "n": int(ref.size)}
   if got.shape != ref.shape or got.dtype != ref.dtype:
     return {**r, "identical": False, "close": False, "ndiff": int(ref.size), "why": f"the runner gave {got.dtype}{list(got.shape)}"}
@@ -399,6 +398,7 @@ class Run:
     self.args, self.quick, self.t0 = args, args.quick, time.perf_counter()
     self.dir = pathlib.Path(tempfile.mkdtemp(prefix="mac_report."))
     self.runner, self.bin, self.logs = None, ROOT / "daemon" / ("metal_runner" if MAC else "metal_runner_emu"), []
+    self.addr = self.fig_addr = None   # the runners' addresses: the first (validation layer on), the figures' (off)
     self.runner_events: list[str] = []   # the runner ended early, was started again
     self.crash: str|None = None          # this script's own failure, reported as such
 
@@ -412,11 +412,14 @@ class Run:
     return {"cmd": " ".join(cmd), "ok": r.returncode == 0 and self.bin.exists(), "seconds": time.perf_counter() - t,
             "output": trim(r.stdout + r.stderr, 60), "exit": r.returncode}
 
-  def start_runner(self):
+  def start_runner(self, validate:bool):
+    """A Metal runner on 127.0.0.1, with Metal's validation layer (for the tests and computations) or without (for the figures: the layer
+    costs time). MTL_DEBUG_LAYER is taken out of this process's environment at start, so without means unset."""
     sys.path.insert(0, str(ROOT / "tests"))
     from runner_proc import RunnerProc
-    self.runner = RunnerProc("--backend", "metal", binary=self.bin, env={"MTL_DEBUG_LAYER": "1"})
-    self.logs.append(self.runner.log)
+    self.validate = validate
+    self.runner = RunnerProc("--backend", "metal", binary=self.bin, env={"MTL_DEBUG_LAYER": "1"} if validate else None)
+    self.logs.append((self.runner.log, validate))
 
   def ensure_runner(self, before:str):
     """The runner is alive before each step: one that ended (a Metal validation failure stops the process) is reported, started again."""
@@ -424,7 +427,7 @@ class Run:
     code = self.runner.proc.returncode
     self.runner_events.append(f"the runner on {self.runner.addr} had ended (exit status {code}{', signal ' + str(-code) if code < 0 else ''}) "
                               f"before {before}; a new one was started")
-    self.start_runner()
+    self.start_runner(self.validate)
 
   def hello(self) -> dict:
     from client.connection import Runner
@@ -456,32 +459,33 @@ class Run:
     second = self.pytest("own", own, {}) if own else None
     return {"first": first, "second": second}
 
-  def workers(self) -> dict:
-    res = {}
+  def workers(self, part:str, res:dict):
+    """Both sides' processes for part (cases, figures), one after the other; their results merged into res[role]."""
     for role in ("local", "runner"):
-      if role == "runner": self.ensure_runner("the runner's computations")
+      if role == "runner": self.ensure_runner(f"the runner's {part}")
       env = {k: v for k, v in os.environ.items() if k not in ("METAL_RUNNER", "DEV", "DEBUG", "BEAM", "JIT")}
       env.update(PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])]), DEV="METAL" if role == "runner" or MAC else "CPU")
       if role == "runner": env["METAL_RUNNER"] = self.runner.addr
-      cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", role, "--dir", str(self.dir)] + (["--quick"] if self.quick else [])
-      self.step(f"computations and figures: {role}")
+      cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker", role, part, "--dir", str(self.dir)] + \
+            (["--quick"] if self.quick else [])
+      self.step(f"{part}: {role}")
       t = time.perf_counter()
       try:
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=self.args.worker_timeout)
         out, status = r.stdout + r.stderr, r.returncode
       except subprocess.TimeoutExpired as e:
         out, status = as_text(e.stdout) + as_text(e.stderr), f"none: it did not finish in {self.args.worker_timeout} s"
-      js = self.dir / f"{role}.json"
-      res[role] = json.loads(js.read_text()) if js.exists() else {"error": f"exit status {status}\n{trim(out, 60)}"}
-      res[role]["seconds"], res[role]["log"] = time.perf_counter() - t, out
-    return res
+      js, mine = self.dir / f"{role}-{part}.json", res.setdefault(role, {"cases": {}, "figures": {}})
+      got = json.loads(js.read_text()) if js.exists() else {"error": f"exit status {status}\n{trim(out, 60)}"}
+      mine.update({k: v for k, v in got.items() if k not in ("cases", "figures", "error")})
+      mine[part] = got.get(part, {})
+      if "error" in got: mine.setdefault("errors", {})[part] = (got["error"], out)
 
   def compare(self, w:dict) -> list[dict]:
-    np = _np()
     rows = []
     for i, (name, what, _, (rtol, atol)) in enumerate(CASES):
       row = {"name": name, "what": what, "rtol": rtol, "atol": atol}
-      sides = {role: w[role].get("cases", {}).get(name, {"error": w[role].get("error", "no result")}) for role in ("local", "runner")}
+      sides = {role: w[role]["cases"].get(name, {"error": "no result: its process failed (below)"}) for role in ("local", "runner")}
       row.update(sides)
       row["ok"] = False
       if not any("error" in s for s in sides.values()):
@@ -494,7 +498,7 @@ class Run:
     return rows
 
   def go(self) -> int:
-    facts, build, hello, tests, work, rows = [], {"cmd": "make", "ok": False, "output": "not run", "seconds": 0}, None, None, None, []
+    facts, build, hello, tests, work, rows = [], {"cmd": "make", "ok": False, "output": "not run", "seconds": 0}, None, None, {}, []
     try:
       facts = machine()
       self.step("building the runner")
@@ -502,14 +506,20 @@ class Run:
       if build["ok"]:
         self.step(f"starting {self.bin.name}")
         try:
-          self.start_runner()
-          hello = self.hello()
+          self.start_runner(validate=True)
+          self.addr, hello = self.runner.addr, self.hello()
         except Exception as e: build.update(ok=False, output=f"{build['output']}\n\nthe runner did not start or answer: {e}")
       if build["ok"]:
         self.step("the Metal tests (pytest -m metal)")
         tests = self.tests()
-        work = self.workers()
+        self.workers("cases", work)
         rows = self.compare(work)
+        self.ensure_runner("the figures' runner started")
+        self.runner.stop()
+        self.step(f"starting {self.bin.name} without MTL_DEBUG_LAYER for the figures")
+        self.start_runner(validate=False)
+        self.fig_addr = self.runner.addr
+        self.workers("figures", work)
         self.ensure_runner("the end")
     except Exception: self.crash = trim(traceback.format_exc(), 60)
     finally:
@@ -672,11 +682,14 @@ class Report:
     ref = "tinygrad's own METAL device" if MAC else "tinygrad's CPU device (the reference on Linux: tinygrad's METAL needs macOS)"
     self.add("## Computations", "",
              f"Each computation ran twice with the same inputs (numpy, fixed seeds), in two processes one after the other: on {ref} "
-             f"(\"local\"), and on METAL through the runner above (\"runner\", `import client.remote_metal`, METAL_RUNNER={self.run.runner.addr}). "
+             f"(\"local\"), and on METAL through the runner above (\"runner\", `import client.remote_metal`, METAL_RUNNER={self.run.addr}, "
+             "the runner under MTL_DEBUG_LAYER=1). "
              + ("Outputs are compared bit for bit; where they differ, the largest difference is given in ULP (units in the last place of the "
                 "output's float type). " if MAC else
                 "Outputs pass when they agree within the tolerance given (numpy `allclose`; integer outputs must be equal); whether they are "
                 "bit-identical and the largest difference in ULP are shown too. ")
+             + "The distance in ULP counts the floats between two values, so two tiny values of opposite sign near 0 are billions of ULP "
+             "apart: the largest absolute difference is given beside it. "
              + "Kernels compiled are those tinygrad compiled for that computation in that process (a kernel already compiled for an earlier "
              "one is not counted again); those with simdgroup matrices contain `simdgroup_multiply_accumulate` (tensor cores)"
              + ("" if MAC else "; tinygrad's CPU device has none") + ". Seconds: the computation's wall-clock time in that process, kernel "
@@ -701,9 +714,8 @@ class Report:
       for role in ("runner", "local"):
         if "error" in r[role]: self.add(f"**{r['name']}, {role}: error**", "", code(r[role]["error"]), "")
     for role in ("local", "runner"):
-      if "error" in (self.work or {}).get(role, {}):
-        self.add(f"**The {role} process failed** ({self.work[role]['error'].splitlines()[0]}); its output:", "",
-                 code(trim(self.work[role]["log"], 60)), "")
+      if (err:=(self.work or {}).get(role, {}).get("errors", {}).get("cases")):
+        self.add(f"**The {role} process failed** ({err[0].splitlines()[0]}); its output:", "", code(trim(err[1], 60)), "")
 
   def result(self, r:dict) -> str:
     if "outputs" not in r: return "**ERROR** (below)"
@@ -730,18 +742,20 @@ class Report:
 
   def figures(self):
     w = self.work
-    if not w: return
+    if not w or self.run.fig_addr is None: return
     lf, rf = w["local"].get("figures", {}), w["runner"].get("figures", {})
     if MAC:
-      self.add("## Figures", "", f"Measured on this Mac, in the two processes above, one after the other: local is tinygrad's own METAL device in "
-               f"process one; runner is METAL through `daemon/metal_runner` on {self.run.runner.addr} (loopback TCP) in process two. Wall-clock "
-               "time (`time.perf_counter()`) in that Python process, the same code on both sides, after the computations above (warm).", "")
+      self.add("## Figures", "", "Measured on this Mac, in two more processes, one after the other: \"local\" is tinygrad's own METAL device; "
+               f"\"runner\" is METAL through a second `daemon/metal_runner` on {self.run.fig_addr} (loopback TCP), started without "
+               "MTL_DEBUG_LAYER (the validation layer costs time). Wall-clock time (`time.perf_counter()`) in that Python process, the same "
+               "code on both sides; each process first builds the MLP and the LLM of the computations above (untimed).", "")
     else:
-      self.add("## Figures (NOT GPU figures)", "", "Measured on Linux, in the two processes above, one after the other: \"local\" is tinygrad's "
-               f"CPU device (kernels compiled by clang, run on this CPU); \"runner\" is METAL through `daemon/metal_runner_emu` on "
-               f"{self.run.runner.addr} (loopback TCP), the **Metal emulator**, which runs every kernel on this CPU. Wall-clock time "
-               "(`time.perf_counter()`) in that Python process, the same code on both sides, after the computations above (warm). **These "
-               "figures say nothing about a GPU or Metal**: they are here so that the code that takes them has run before a Mac runs it.", "")
+      self.add("## Figures (NOT GPU figures)", "", "Measured on Linux, in two more processes, one after the other: \"local\" is tinygrad's "
+               "CPU device (kernels compiled by clang, run on this CPU); \"runner\" is METAL through a second `daemon/metal_runner_emu` on "
+               f"{self.run.fig_addr} (loopback TCP), started without MTL_DEBUG_LAYER, the **Metal emulator**, which runs every kernel on this "
+               "CPU. Wall-clock time (`time.perf_counter()`) in that Python process, the same code on both sides; each process first builds "
+               "the MLP and the LLM of the computations above (untimed). **These figures say nothing about a GPU or Metal**: they are here "
+               "so that the code that takes them has run before a Mac runs it.", "")
     self.add("| figure | local | runner | runner/local | how it was measured |", "|---|---|---|---|---|")
     for name in dict.fromkeys([*lf, *rf]):
       l, r = lf.get(name), rf.get(name)
@@ -755,16 +769,18 @@ class Report:
     for role, f in (("local", lf), ("runner", rf)):
       for name, v in f.items():
         if isinstance(v, dict): self.add(f"**{name}, {role}: error**", "", code(v["error"]), "")
+      if (err:=w[role].get("errors", {}).get("figures")):
+        self.add(f"**The {role} process of the figures failed** ({err[0].splitlines()[0]}); its output:", "", code(trim(err[1], 60)), "")
 
   def runner_log(self):
     if not self.build["ok"] or self.run.runner is None: return
     self.add("## Runner log", "")
     for e in self.run.runner_events: self.add(f"- **{e}**")
-    for i, log in enumerate(self.run.logs):
-      text = "\n".join(log)
+    for i, (log, validate) in enumerate(self.run.logs):
       vl = [ln for ln in log if re.search(r"validation|MTLDebug|assert", ln, re.I)]
-      self.add(f"`{self.run.bin.name} --backend metal` with MTL_DEBUG_LAYER=1" + (f" (runner {i + 1})" if len(self.run.logs) > 1 else "")
-               + f": {len(log)} lines on stderr, {len(vl)} mentioning validation or an assertion.", "", code(trim(text, 40) or "(empty)"), "")
+      self.add(f"Runner {i + 1}, `{self.run.bin.name} --backend metal` {'with MTL_DEBUG_LAYER=1' if validate else 'without MTL_DEBUG_LAYER'} "
+               f"({'the tests and computations' if validate else 'the figures'}): {len(log)} lines on stderr, {len(vl)} mentioning "
+               "validation or an assertion.", "", code(trim("\n".join(log), 40) or "(empty)"), "")
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the docstring at the top of this file.")
@@ -773,14 +789,15 @@ def main() -> int:
   ap.add_argument("-k", metavar="EXPR", help="only the Metal tests matching this pytest -k expression")
   ap.add_argument("--test-timeout", type=float, default=3600, help="seconds for each pytest pass (default 3600)")
   ap.add_argument("--worker-timeout", type=float, default=1800, help="seconds for each computation process (default 1800)")
-  ap.add_argument("--worker", choices=("local", "runner"), help=argparse.SUPPRESS)
+  ap.add_argument("--worker", nargs=2, metavar=("ROLE", "PART"), help=argparse.SUPPRESS)   # local|runner cases|figures
   ap.add_argument("--dir", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
     sys.path.insert(0, str(ROOT))
-    worker(args.worker, pathlib.Path(args.dir), args.quick)
+    worker(*args.worker, pathlib.Path(args.dir), args.quick)
     return 0
   sys.path.insert(0, str(ROOT))
+  os.environ.pop("MTL_DEBUG_LAYER", None)   # set where wanted: the first runner and the tests
   run = Run(args)
   try: return run.go()
   finally: shutil.rmtree(run.dir, ignore_errors=True)

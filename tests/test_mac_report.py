@@ -62,7 +62,14 @@ def test_report_on_linux(tmp_path):
     assert re.fullmatch(r"[\d.,]+ (µs|GB/s|steps/s|tokens/s)", local) and re.fullmatch(r"[\d.,]+ (µs|GB/s|steps/s|tokens/s)", runner), name
     assert float(ratio) > 0 and len(how) > 20, name
   assert "**These figures say nothing about a GPU or Metal**" in report
-  assert re.search(r"`metal_runner_emu --backend metal` with MTL_DEBUG_LAYER=1: \d+ lines on stderr, 0 mentioning validation", report)
+  # the tests and computations ran on a runner under the validation layer, the figures on a second one without it
+  assert re.search(r"Runner 1, `metal_runner_emu --backend metal` with MTL_DEBUG_LAYER=1 \(the tests and computations\): \d+ lines on "
+                   r"stderr, 0 mentioning validation", report)
+  assert re.search(r"Runner 2, `metal_runner_emu --backend metal` without MTL_DEBUG_LAYER \(the figures\): \d+ lines on stderr, 0 mentioning",
+                   report)
+  first, second = re.search(r"METAL_RUNNER=(127\.0\.0\.1:\d+), the runner under MTL_DEBUG_LAYER=1", report), \
+    re.search(r"through a second `daemon/metal_runner_emu` on (127\.0\.0\.1:\d+)", report)
+  assert first and second and first[1] != second[1]
 
 # *** the parts a Mac's run takes other paths through, checked on their own
 
