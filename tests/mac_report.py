@@ -16,8 +16,10 @@ On macOS, in order:
   4. runs the computations of CASES in two processes, one after the other, with the same inputs (numpy, fixed seeds): "local" on
      tinygrad's own METAL device, "runner" through the runner (import client.remote_metal, METAL_RUNNER set); compares every output
      bit for bit and gives the largest difference in ULP where they differ;
-  5. times both processes with the same code (FIGURES);
+  5. stops that runner, starts a second one without MTL_DEBUG_LAYER (the validation layer costs time), and times both sides with the
+     same code (FIGURES), in two more processes, one after the other;
   6. writes the report: the Mac, macOS, the GPU family the runner reports, what passed, what failed with its output, the figures.
+It takes a few minutes on Linux against the emulator at full size (--quick: under a minute); how long on a Mac is not known.
 
 On Linux the same steps run against daemon/metal_runner_emu (make -C daemon emu: the daemon on the Metal emulator, a test harness that
 runs kernels on the CPU), with tinygrad's CPU device as the reference in place of tinygrad's METAL and a tolerance per computation in
