@@ -281,9 +281,9 @@ def f_llm(dev:str, quick:bool) -> dict:
   t = time.perf_counter()
   for p in range(pos + 1, pos + 1 + n): decode(p)
   cfg = LLM[quick]
-  return {"LLM decode": (n / (time.perf_counter() - t), "tokens/s", f"decode steps of 'llm decode' ({cfg['num_blocks']} blocks, dim "
-                         f"{cfg['dim']}, vocabulary {cfg['vocab_size']}), each a 4-byte token in and the logits out; {n} steps at positions "
-                         f"{pos + 1}..{pos + n}")}
+  blocks = f"{cfg['num_blocks']} block{'s' if cfg['num_blocks'] != 1 else ''}"
+  return {"LLM decode": (n / (time.perf_counter() - t), "tokens/s", f"decode steps of 'llm decode' ({blocks}, dim {cfg['dim']}, vocabulary "
+                         f"{cfg['vocab_size']}), each a 4-byte token in and the logits out; {n} steps at positions {pos + 1}..{pos + n}")}
 
 FIGURES = [f_launch, f_roundtrip, f_copy, f_mlp, f_llm]
 SETUP = {f_mlp: ("mlp", c_mlp), f_llm: ("llm", c_llm)}   # what a figure uses: the STATE a case leaves
@@ -302,7 +302,8 @@ def worker(role:str, part:str, d:pathlib.Path, quick:bool):
   from tinygrad.codegen import to_program_cache
   from tinygrad.uop.ops import Ops
   def sources(keys) -> list[str]:   # the kernels compiled for this device since keys (tinygrad may render them in a pool of processes)
-    return [u.arg for k, p in list(to_program_cache.items()) if k not in keys and k[1] is type(device.renderer) for u in p.src if u.op is Ops.SOURCE]
+    return [u.arg for k, p in list(to_program_cache.items()) if k not in keys and k[1] is type(device.renderer)
+            for u in p.src if u.op is Ops.SOURCE]
   for i, (name, _, fn, _) in enumerate(CASES if part == "cases" else []):
     keys, t = set(to_program_cache), time.perf_counter()
     try:
@@ -518,6 +519,7 @@ class Run:
         rows = self.compare(work)
         self.ensure_runner("the figures' runner started")
         self.runner.stop()
+        self.runner.log_text()
         self.step(f"starting {self.bin.name} without MTL_DEBUG_LAYER for the figures")
         self.start_runner(validate=False)
         self.fig_addr = self.runner.addr
@@ -525,7 +527,9 @@ class Run:
         self.ensure_runner("the end")
     except Exception: self.crash = trim(traceback.format_exc(), 60)
     finally:
-      if self.runner is not None: self.runner.stop()
+      if self.runner is not None:
+        self.runner.stop()
+        self.runner.log_text()   # waits a moment for the last lines of its log
     try: report = Report(self, facts, build, hello, tests, work, rows).text()
     except Exception:   # a report of the failure, rather than none
       self.crash = (self.crash or "") + "\n\nwriting the report failed:\n" + trim(traceback.format_exc(), 60)
