@@ -112,7 +112,8 @@ def test_mac_facts_missing_are_said(monkeypatch):
 def test_mac_differences_are_given_in_ulp(monkeypatch):
   monkeypatch.setattr(mac_report, "MAC", True)
   ref = np.linspace(1, 2, 8, dtype=np.float32)
-  outs = [{"name": "x", **mac_report.compare(ref, ref, 1e-5, 1e-5)}, {"name": "y", **mac_report.compare(ref * np.float32(1.0000002), ref, 1e-5, 1e-5)}]
+  near = ref * np.float32(1.0000002)   # 1 or 2 ULP away
+  outs = [{"name": "x", **mac_report.compare(ref, ref, 1e-5, 1e-5)}, {"name": "y", **mac_report.compare(near, ref, 1e-5, 1e-5)}]
   text = mac_report.Report(None, [], {"ok": True}, None, None, None, []).result({"outputs": outs, "rtol": 1e-5, "atol": 1e-5})
   assert text.startswith("**DIFFERS**: 1 of 2 outputs; largest difference ") and "ULP (`y`)" in text and ": yes" in text
   assert mac_report.Report(None, [], {"ok": True}, None, None, None, []).result({"outputs": outs[:1], "rtol": 0, "atol": 0}) == \
