@@ -154,6 +154,19 @@ def test_compile_error_is_whole(c):
   assert code == P.EPROGRAM and text.startswith("cannot load bad: Metal compile failed"), text[:200]
   assert len(text.encode()) > P.MAX_ERRTEXT and "undefined_name_000" in text and "undefined_name_010" in text, text[-300:]
 
+def test_double_is_not_metal(c):
+  # the Metal Shading Language has no double (MSL specification, Scalar Data Types): Apple's compiler rejects it, and so does the
+  # emulator, which would otherwise run it as the C++ it compiles; a word in a comment or a string is not the type
+  src = HEAD + f"kernel void dbl(device float* out, {IDS}) {{ /* double */ double x = 1.5; out[0] = (float)x; }}\n"
+  load(c, 1, src, 1)
+  code, _, text = c.errors(1)[0]
+  assert code == P.EPROGRAM and "double" in text, text[:300]
+  ok = HEAD + f"kernel void notdbl(device float* out, {IDS}) {{ // double\n  out[0] = 2.0f; }}\n"
+  c.alloc(1, 4)
+  load(c, 2, ok, 1)
+  launched(c, 2, [(1, 0)])
+  assert struct.unpack("<f", c.read(1, 0, 4))[0] == 2.0
+
 def test_language_version_is_pinned(c, emulator_only):
   # tinygrad's MetalCompiler compiles at metal4.0 (macOS 26), 3.1 (14), 3.0 (13) or 2.0, never the system's newest. On Linux
   # runner.m's @available checks all pass, so it pins 4.0; the emulator's own default (the newest of its macOS 15) is 3.2.

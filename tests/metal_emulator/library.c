@@ -260,6 +260,56 @@ copy_source(struct buf *out, const char *src, size_t len)
 	return 0;
 }
 
+/*
+ * The Metal Shading Language has no double ("Metal does not support the
+ * double, long long, unsigned long long, and long double data types": the
+ * MSL specification, Scalar Data Types), so Apple's compiler rejects a
+ * source that uses it; clang would compile it as C++. Returns the error, or
+ * NULL. Comments and literals are skipped.
+ */
+static char *
+unsupported_type(const char *p, const char *end)
+{
+	int line = 1;
+
+	while (p < end) {
+		if (*p == '\n')
+			line++;
+		if (p + 1 < end && p[0] == '/' && p[1] == '/') {
+			while (p < end && *p != '\n')
+				p++;
+			continue;
+		}
+		if (p + 1 < end && p[0] == '/' && p[1] == '*') {
+			for (p += 2; p + 1 < end && !(p[0] == '*' && p[1] == '/');
+			    p++)
+				line += *p == '\n';
+			p += 2;
+			continue;
+		}
+		if (*p == '"' || *p == '\'') {
+			char q = *p++;
+			while (p < end && *p != q && *p != '\n')
+				p += *p == '\\' ? 2 : 1;
+			p++;
+			continue;
+		}
+		if (is_ident((unsigned char)*p)) {
+			const char *w = p;
+			while (p < end && is_ident((unsigned char)*p))
+				p++;
+			if (p - w == 6 && strncmp(w, "double", 6) == 0)
+				return errf("program_source:%d: error: 'double' is "
+				    "not supported in Metal (the Metal "
+				    "emulator rejects it, as the Metal Shading "
+				    "Language has no double)", line);
+			continue;
+		}
+		p++;
+	}
+	return NULL;
+}
+
 /* ---- compiling ---- */
 
 static uint64_t
@@ -443,6 +493,8 @@ emu_lib_compile(const char *src, size_t len, unsigned version, int mathmode,
 	/* The source is program text: a NUL inside it ends it, as for
 	 * NSString's UTF8String. */
 	full.n = strlen(full.p);
+	if ((*err = unsupported_type(full.p, full.p + full.n)) != NULL)
+		goto fail;
 	if ((*err = describe_kernels(full.p, &tail, &nk)) != NULL)
 		goto fail;
 	if ((tail.n > 0 && put(&full, tail.p, tail.n) == -1) ||
