@@ -633,7 +633,7 @@ class Report:
     for what, value, src in self.facts: self.add(f"| {what} | {cell(value)} | {src} |")
     if self.hello:
       h = self.hello
-      self.add(f"| GPU family | {h['arch']} | the runner's Rhello arch: the newest Apple GPU family the device supports (Apple9 ... Apple1), "
+      self.add(f"| GPU family | {h['arch']} | the runner's Rhello arch: the newest Apple GPU family the device supports (Apple10 ... Apple1), "
                "else Mac2 (`daemon/runner.m`) |",
                f"| runner device | {h['name']} | the runner's Rhello name |",
                f"| runner memory | {h['memory'] / 2**30:.2f} GiB, buffers up to {h['maxbuf'] / 2**30:.2f} GiB | the runner's Rhello memory, maxbuf |")
