@@ -241,3 +241,17 @@ def test_the_local_runner_a_client_starts_gets_its_token(token_file):
   r = run_python("import client.remote_metal\nfrom tinygrad import Tensor\nprint((Tensor([1.0, 2.0], device='REMOTE') + 1).tolist())",
                  {"METAL_RUNNER_TOKEN_FILE": str(token_file)}, unset=("METAL_RUNNER",), timeout=300)
   assert r.returncode == 0 and r.stdout.strip() == "[2.0, 3.0]", r.stderr[-3000:]
+
+def test_a_resume_sends_nothing_to_a_runner_that_asks_for_no_token(ar, monkeypatch):
+  """The link drops and the address now answers without CAP_AUTH (another runner, an impostor): no Tresume, no replayed request."""
+  monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
+  c = conn.Runner(ar.addr, token=TOKEN, timeout=10)
+  assert c._rs is not None and c._rs.key is not None, "the runner does not resume sessions"
+  fake = FakeRunner(P.CAP_UNIFIED | P.CAP_CPU_IMAGE | P.CAP_RESUME)
+  try:
+    c.addr = fake.addr   # where the client reconnects to
+    c.sock.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(conn.RunnerConnectionError, match="asks for no token"): c.ping(b"to whom?")
+    assert fake.done.wait(5)
+  finally: fake.close()
+  assert fake.after == b"", f"the client sent {fake.after[:64]!r} to a runner that did not authenticate"
