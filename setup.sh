@@ -83,3 +83,11 @@ if [ "${1:-}" = test ] && [ "$(uname -s)" = Linux ]; then
 	make -s -C daemon metal_runner_avahi	# --advertise tests (tests/test_discovery.py)
 	make -s -C daemon cross	# daemon/build/{arm64,riscv64}/metal_runner
 fi
+
+# What to run next (test.sh, which has its own next step, says SETUP_FROM_TEST=1).
+if [ "${1:-}" = test ]; then
+	[ -n "${SETUP_FROM_TEST:-}" ] || echo "setup.sh: done. Next: ./test.sh (the whole suite, as CI runs it)"
+else
+	echo "setup.sh: done. Next: .venv/bin/python examples/train_mlp.py (trains an MLP through a runner it starts)"
+	echo "  or: daemon/metal_runner --help (a runner for other machines: see docs/metal.md)"
+fi

@@ -9,7 +9,7 @@
 # libFuzzer: there steps 2 and the leak check are skipped and say so.
 set -eu
 cd "$(dirname "$0")"
-./setup.sh test
+SETUP_FROM_TEST=1 ./setup.sh test
 PY=.venv/bin/python
 
 if clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null <<'C'

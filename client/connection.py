@@ -13,8 +13,9 @@ period is over. close() tells the runner the session ends now.
 
 Environment:
   METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
-  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped); used when the
-                           runner demands authentication and no token= is given
+  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped), when no token= is given.
+                           A client that holds a token refuses a runner that does not prove it holds the same (protocol.md,
+                           Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
 import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time
@@ -30,6 +31,7 @@ WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 4
 # its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
 CACHE_MIN = CACHE_CHUNK = 1 << 20
 AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
+HELLO_TAG = int.from_bytes(b"\r\n\r\n", "little")   # the Thello's tag (see _hello)
 
 class RunnerError(RuntimeError):
   """The runner rejected a request: .code (int), .code_name ("EHANDLE"), .text (the runner's message), .tag, .request
@@ -52,6 +54,20 @@ class RunnerConnectionError(RunnerError, ConnectionError):
     self.args = (addr, text, request)
   def reason(self) -> str: return self.text + (f" (request in flight: {self.request})" if self.request else "")
 
+class NotARunnerError(RunnerConnectionError):
+  """What answered at the address (or failed to) is not a metal_runner: str() says what it did, e.g.
+  "HOST:PORT is not a metal_runner (it answered 'HTTP/1.0 400 Bad Request')"."""
+  def __str__(self): return f"{self.addr} {self.text}"
+
+class TokenFileError(RunnerError):
+  """The token file cannot be used (missing, unreadable, empty): raised before any connection, naming the file and the setting that
+  named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
+  def __init__(self, path:str, setting:str, why:str):
+    super().__init__(None, P.EAUTH, f"the token file {path} ({setting}) {why}")
+    self.path, self.setting = path, setting
+  def reason(self) -> str: return self.text
+  def __str__(self): return self.text if self.addr is None else f"runner {self.addr}: {self.text}"
+
 @dataclasses.dataclass(frozen=True)
 class RunnerInfo:
   backend: str      # "cpu" or "metal"
@@ -71,13 +87,29 @@ class RunnerInfo:
 def parse_addr(addr:str) -> tuple[str, int]:
   host, sep, port = addr.rpartition(":")
   if not sep or not port.isdigit(): raise ValueError(f"runner address {addr!r} is not host:port")
+  if not 1 <= int(port) <= 65535: raise ValueError(f"runner address {addr!r}: port {int(port)} out of range 1-65535")
   return host.strip("[]") or "localhost", int(port)
 
-def read_token(path:str) -> bytes:
-  with open(path, "rb") as f: tok = f.read()
+def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
+  """The token in the file at path, which setting named (for the message of a TokenFileError)."""
+  try:
+    with open(path, "rb") as f: tok = f.read()
+  except OSError as e: raise TokenFileError(path, setting, f"cannot be read: {e.strerror}") from None
   tok = tok.rstrip(b"\r\n")  # as the runner reads it
-  if not tok: raise ValueError(f"token file {path} is empty")
+  if not tok: raise TokenFileError(path, setting, "is empty: it must hold the runner's token (the file its --token-file names)")
   return tok
+
+def held_token(token:bytes|str|None, source:str|None=None) -> tuple[bytes|None, str|None]:
+  """The token a client holds and where it came from, for messages: token= as given (source: how its user gave it, e.g.
+  "--token-file F"), else the file METAL_RUNNER_TOKEN_FILE names, else none."""
+  if token is not None: return (token.encode() if isinstance(token, str) else bytes(token)), source or "token="
+  if (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): return read_token(path), f"METAL_RUNNER_TOKEN_FILE={path}"
+  return None, None
+
+def _printable(b:bytes) -> str:
+  """The first line of what a peer sent, short and printable, for a message."""
+  line = b.split(b"\n", 1)[0].rstrip(b"\r")
+  return "".join(chr(c) if 32 <= c < 127 and c != 39 else f"\\x{c:02x}" for c in line[:48]) + ("..." if len(line) > 48 else "")
 
 def _nbytes(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
 
@@ -98,9 +130,14 @@ def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
 
 class Runner:
   """A session on one runner, at addr "host:port". connect_timeout bounds the TCP connect and the hello/auth exchange,
-  timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token, if the runner asks
-  for one (default: read from METAL_RUNNER_TOKEN_FILE). Handles are client-chosen: new_handle() gives one for any namespace."""
-  def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None, cache:bool|None=None):
+  timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token (default: read from
+  METAL_RUNNER_TOKEN_FILE); token_source says how the caller's user gave it, for messages ("--token-file F"). A client that
+  holds a token refuses a runner that does not prove it holds it too (RunnerError EAUTH). Handles are client-chosen:
+  new_handle() gives one for any namespace. Raises ValueError for an address that is not host:port, TokenFileError for a
+  token file that cannot be used, NotARunnerError when what answers is not a metal_runner."""
+  def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None, cache:bool|None=None,
+               token_source:str|None=None):
+    hostport = parse_addr(addr)
     self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
     self.cache = os.environ.get("METAL_RUNNER_CACHE", "1") != "0" if cache is None else cache
     self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends
@@ -116,13 +153,14 @@ class Runner:
     self._nreq = self._nrt = self._nwait = self._rtmark = self._bsent = self._brecv = self._nresume = 0
     self._rs: Replay|None = None      # with CAP_RESUME: what a resume after a dropped link needs (client/resume.py)
     self._stash: list = []            # errors read while waiting for a resume-window Tping, for the next waiting call
-    self._token, self.connect_timeout = None, connect_timeout
-    try: self.sock = socket.create_connection(parse_addr(addr), timeout=connect_timeout)
+    self.connect_timeout = connect_timeout
+    self._token, self._token_from = held_token(token, token_source)
+    try: self.sock = socket.create_connection(hostport, timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
     try:
       self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
       self.timeout, timeout = connect_timeout, self.timeout  # hello and auth are part of connecting
-      self._hello(token)
+      self._hello()
       self.timeout = timeout
       self._set_timeout(timeout)  # from now on the kernel enforces it; the connect timeout no longer applies
     except BaseException:
@@ -155,16 +193,28 @@ class Runner:
 
   # *** the session ***
 
-  def _hello(self, token):
-    f = self._wait(self._send(P.THELLO, "Thello", magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG), P.RHELLO)
+  def _hello(self):
+    # The Thello's tag is "\r\n\r\n", so a line-based server (HTTP, SMTP, ...) reached by mistake answers at once (protocol.md,
+    # Thello); the tags after it count from 1 as before.
+    self._tag = HELLO_TAG - 1
+    try: f = self._wait(self._send(P.THELLO, "Thello", magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG), P.RHELLO)
+    except RunnerConnectionError as e: raise self._not_a_runner(e) from None
+    finally: self._tag = 1
     if f["magic"] != P.MAGIC or f["version"] != P.VERSION or f["maxmsg"] < P.MIN_MAXMSG:
-      self._lost(f"not a metal_runner version {P.VERSION} server (Rhello magic {f['magic']:#x}, version {f['version']}, "
-                 f"maxmsg {f['maxmsg']})", "Thello")
+      self.close()
+      raise NotARunnerError(self.addr, f"is not a metal_runner version {P.VERSION} (its Rhello has magic {f['magic']:#x}, version "
+                                       f"{f['version']}, maxmsg {f['maxmsg']})")
     self.maxmsg = min(P.DEFAULT_MAXMSG, f["maxmsg"])
     self.info = RunnerInfo(P.BACKENDS.get(f["backend"], f"backend {f['backend']}"), f["caps"], f["ncores"], f["memory"], f["maxbuf"],
                            f["maxhandles"], f["session"], P.cstr(f["name"]), P.cstr(f["arch"]), P.cstr(f["cpu"]),
                            P.cstr(f["features"]), self.maxmsg, bool(f["caps"] & P.CAP_UNIFIED))
-    if f["caps"] & P.CAP_AUTH: self._auth(token, f["nonce"])
+    if f["caps"] & P.CAP_AUTH: self._auth(f["nonce"])
+    elif self._token is not None:   # it asks for no token, so it cannot prove it holds ours: send it nothing
+      self.close()
+      self._dead = "the runner did not authenticate"
+      raise RunnerError(self.addr, P.EAUTH, f"the runner did not authenticate: it asks for no token, so it cannot prove it holds ours "
+                        f"({self._token_from}). It is an impostor, or a runner started without --token-file: start it with "
+                        f"--token-file and the same token, or connect to it without one", None, "Thello")
     if f["caps"] & P.CAP_RESUME:  # the resume key, before anything a dropped link could lose (one round trip while connecting)
       self._rs, t = Replay((self._tag + 1) & 0xffffffff), time.perf_counter()
       try:
@@ -174,19 +224,35 @@ class Runner:
         if e.code in P.FATAL_ERRORS: raise
         self._rs = None   # e.g. ENOMEM for the runner's reply log: a session like any other, ended by a dropped link
 
-  def _auth(self, token, snonce:bytes):
-    if token is None and (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): token = read_token(path)
-    if token is None:
-      raise RunnerError(self.addr, P.EAUTH, "the runner requires authentication: pass token= or set METAL_RUNNER_TOKEN_FILE", None, "Tauth")
-    token = self._token = token.encode() if isinstance(token, str) else bytes(token)
+  def _auth(self, snonce:bytes):
+    if (token := self._token) is None:
+      raise RunnerError(self.addr, P.EAUTH, "the runner requires a token: pass token= or set METAL_RUNNER_TOKEN_FILE to the runner's "
+                        "token file (the file its --token-file names)", None, "Tauth")
     cnonce = os.urandom(P.NONCE_SIZE)
     mac = hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
-    f = self._wait(self._send(P.TAUTH, "Tauth", cnonce=cnonce, mac=mac), P.RAUTH)
+    try: f = self._wait(self._send(P.TAUTH, "Tauth", cnonce=cnonce, mac=mac), P.RAUTH)
+    except RunnerError as e:
+      if e.code == P.EAUTH:   # say which token: the runner cannot
+        e.text = f"{e.text}: the runner refused the token from {self._token_from}; use the runner's token (the file its --token-file names)"
+      raise
     # the runner proves it holds the token too, so a client never ships kernels or data to an impostor
     if not hmac.compare_digest(f["mac"], hmac.new(token, AUTH_SERVER + cnonce + snonce, hashlib.sha256).digest()):
       self.close()
       self._dead = "the runner failed to prove it holds the token"
-      raise RunnerError(self.addr, P.EAUTH, "the runner's Rauth mac is wrong: it does not hold the token", None, "Tauth")
+      raise RunnerError(self.addr, P.EAUTH, f"the runner's Rauth mac is wrong: it does not hold the token from {self._token_from} (an "
+                        "impostor, or a runner with another token)", None, "Tauth")
+
+  def _not_a_runner(self, e:RunnerConnectionError) -> RunnerConnectionError:
+    """A connection that failed before its Rhello: say what the peer did, which is all there is to know about what it is."""
+    got, cause = bytes(self._rbuf[:self._rlen]), e.__context__   # _lost raises while handling the cause
+    if got: return NotARunnerError(self.addr, f"is not a metal_runner (it answered '{_printable(got)}')")
+    if isinstance(cause, (TimeoutError, BlockingIOError)):
+      return NotARunnerError(self.addr, f"accepted the connection but never answered the handshake within {self.timeout:g} s "
+                                        "(connect_timeout): probably not a metal_runner")
+    if isinstance(cause, (EOFError, ConnectionResetError, BrokenPipeError)):   # a reset: it closed with our Thello unread
+      return NotARunnerError(self.addr, "closed the connection without answering the handshake: probably not a metal_runner "
+                                        "(a runner that refuses a connection says why)")
+    return e
 
   def new_handle(self) -> int:
     self._handle += 1

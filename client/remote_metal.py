@@ -38,7 +38,9 @@ def start_local_runner(backend:str) -> str:
     except OSError as e: raise RuntimeError(f"no runner address in METAL_RUNNER and {exe} is not built: {e}") from e
     if r.returncode != 0 or not exe.exists():
       raise RuntimeError(f"no runner address in METAL_RUNNER and building {exe} failed:\n{(r.stdout + r.stderr)[-3000:]}")
-  local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend],
+  # a client that holds a token refuses a runner that does not prove it (client/connection.py): its own runner gets the token too
+  token = ["--token-file", tf] if (tf:=os.environ.get("METAL_RUNNER_TOKEN_FILE")) else []
+  local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *token],
                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
   # its log goes to our stderr with DEBUG>=1; the pipes are drained all along, a full pipe would block the runner
   log: list[bytes] = []

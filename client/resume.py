@@ -154,6 +154,8 @@ def _attempt(r, rs:Replay, deadline:float) -> list:
                   P.RAUTH, "Tauth")
     if not hmac.compare_digest(a["mac"], hmac.new(r._token, AUTH_SERVER + cn + h["nonce"], hashlib.sha256).digest()):
       raise RunnerError(r.addr, P.EAUTH, "the runner's Rauth mac is wrong: it does not hold the token", None, "Tauth")
+  elif r._token is not None:   # as on the first connection (protocol.md, Authentication): nothing to a runner that asks for no token
+    raise RunnerError(r.addr, P.EAUTH, "the runner now asks for no token, so it cannot prove it holds ours", None, "Thello")
   cnonce, sent = os.urandom(P.NONCE_SIZE), rs.nsent
   mac = hmac.new(key["secret"], LABEL_CLIENT + h["nonce"] + cnonce + struct.pack("<IQQ", r.info.session, sent, rs.received),
                  hashlib.sha256).digest()
@@ -188,7 +190,8 @@ def resume(r, why, desc):
       return
     except RunnerError as e:
       if e.code != P.ELIMIT:  # refused: the session is gone, or the proof failed
-        r._rs = rs
+        r.sock.close()
+        r.sock, r._rs = None, rs   # nothing more on a handshake that failed (close() would send Tresumekey OFF on it)
         r._lost(f"the link dropped ({why}) and the runner refused to resume the session: {e.code_name}: {e.text}", desc)
       last = e
     except ConnectionRefusedError as e:

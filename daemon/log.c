@@ -50,6 +50,18 @@ log_warn(const char *fmt, ...)
 	va_end(ap);
 }
 
+/* What stops the runner: always shown, and not to be mistaken for a
+ * warning it carries on after. */
+void
+log_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_line("error: ", fmt, ap);
+	va_end(ap);
+}
+
 void
 log_debug(const char *fmt, ...)
 {

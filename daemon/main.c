@@ -81,6 +81,15 @@ usage(FILE *f)
 "again.\n");
 }
 
+/* A mistake on the command line: getopt (or the caller) has named it in one
+ * line; the whole help would bury that line. */
+static int
+usage_error(void)
+{
+	fprintf(stderr, "usage: metal_runner [options]; see metal_runner --help\n");
+	return 2;
+}
+
 static int
 parse_size(const char *s, uint64_t *out)
 {
@@ -376,15 +385,13 @@ main(int argc, char **argv)
 			    MR_VERSION);
 			return 0;
 		default:
-			usage(stderr);
-			return 2;
+			return usage_error();
 		}
 	}
 	if (optind < argc) {
 		fprintf(stderr, "metal_runner: unexpected argument %s\n",
 		    argv[optind]);
-		usage(stderr);
-		return 2;
+		return usage_error();
 	}
 	if (token_path != NULL && (token = read_token(token_path, &cfg.tokenlen,
 	    err, sizeof(err))) == NULL) {
@@ -437,5 +444,5 @@ bad:
 	else
 		fprintf(stderr, "metal_runner: bad value for -%c: %s\n", c,
 		    optarg);
-	return 2;
+	return usage_error();
 }

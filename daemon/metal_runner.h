@@ -141,6 +141,7 @@ void htab_clear(struct htab *t, void (*fn)(void *val, void *arg), void *arg);
 extern int log_verbose;
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* sha256.c */

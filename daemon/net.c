@@ -52,8 +52,11 @@ net_listen(const char *host, int port, int *bound_port, char *err)
 		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
 		    listen(fd, 64) == 0)
 			break;
-		snprintf(err, PROTO_ERRLEN, "cannot listen on %s:%d: %s",
-		    host, port, strerror(errno));
+		snprintf(err, PROTO_ERRLEN, "cannot listen on %s:%d: %s%s",
+		    host, port, strerror(errno), errno == EADDRINUSE ?
+		    " (another runner, or another program, has that port: "
+		    "stop it, or start this one with --port N, or --port 0 "
+		    "for a free port)" : "");
 		close(fd);
 		fd = -1;
 	}

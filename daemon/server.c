@@ -403,7 +403,7 @@ serve(const struct mr_config *cfg)
 	sigaction(SIGPIPE, &sa, NULL);
 
 	if ((lfd = net_listen(cfg->host, cfg->port, &port, err)) == -1) {
-		log_warn("%s", err);
+		log_error("%s", err);
 		goto out;
 	}
 	fprintf(stderr, "metal_runner %s: backend %s (%s, %s %s), %s "

@@ -230,6 +230,7 @@ need(struct session *s, size_t n, int boundary)
 {
 	const struct mr_config *cfg = s->ctx->cfg;
 	ssize_t r;
+	int reset;
 
 	while (s->inlen - s->inoff < n) {
 		if (s->linkdown)
@@ -283,18 +284,30 @@ need(struct session *s, size_t n, int boundary)
 			return -1;
 		}
 		r = resume_recv(s, s->in + s->inlen, s->incap - s->inlen);
-		if (r == 0) {
+		/* A client's ordinary exit often resets the connection rather
+		 * than closing it: the library's close sends Tresumekey OFF and
+		 * closes at once, so its Rresumekey meets a closed socket (and
+		 * any reply a client leaves unread does the same). */
+		reset = r < 0 && errno == ECONNRESET && !s->linkdown;
+		if (r == 0 || reset) {
 			s->linkdown = 1;
-			if (boundary && s->inlen == s->inoff)
+			if (boundary && s->inlen == s->inoff) {
+				/* A resumable session logs its wait instead. */
+				if (s->rs == NULL)
+					log_info("session %u: the client "
+					    "disconnected%s", s->id, reset ?
+					    " (connection reset)" : "");
 				return 0;
-			log_info("session %u: connection closed mid-frame",
-			    s->id);
+			}
+			log_info("session %u: connection %s mid-frame", s->id,
+			    reset ? "reset" : "closed");
 			return -1;
 		}
 		if (r < 0) {
 			if (errno != EAGAIN && errno != EWOULDBLOCK) {
 				if (!s->linkdown)
-					log_info("session %u: recv: %s", s->id,
+					log_warn("session %u: connection "
+					    "lost: recv: %s", s->id,
 					    strerror(errno));
 				s->linkdown = 1;
 				return -1;

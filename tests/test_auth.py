@@ -6,7 +6,7 @@ sha256.c is compiled with cffi into tests/.build (like tests/cproto.py does with
 "sha256.c" section of metal_runner.h, so the header stays the only declaration. The end-to-end tests compute the MACs the
 way protocol.md says, with Python's hmac: a client that follows the spec must get in, anything else must not.
 """
-import hashlib, hmac, os, socket, subprocess
+import hashlib, hmac, os, socket, subprocess, threading
 import pytest
 from client import protocol as P
 from client import connection as conn
@@ -118,7 +118,7 @@ def test_runner_client_with_a_token(ar, monkeypatch):
   with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, token=b"guess", timeout=10)
   assert e.value.code == P.EAUTH
   with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, timeout=10)
-  assert e.value.code == P.EAUTH and "requires authentication" in str(e.value)
+  assert e.value.code == P.EAUTH and "requires a token" in str(e.value)
 
 # ---- who may listen where without a token (these daemons exit before they bind, or fail to bind)
 
@@ -161,3 +161,97 @@ def test_an_empty_or_missing_token_file_is_an_error(tmp_path):
   assert p.returncode != 0 and "the token file is empty" in p.stderr
   p = run_daemon("--token-file", str(tmp_path / "missing"))
   assert p.returncode != 0 and "missing" in p.stderr
+
+# ---- a client that holds a token and the runner it reaches (mutual authentication: protocol.md, Authentication)
+
+class FakeRunner:
+  """Answers Thello with an Rhello of the given caps (no CAP_AUTH: it asks for no token) and records every byte it receives after
+  the Thello until the client closes: a client that holds a token must send nothing more."""
+  def __init__(self, caps:int=P.CAP_UNIFIED | P.CAP_CPU_IMAGE):
+    self.ls = socket.socket()
+    self.ls.bind(("127.0.0.1", 0))
+    self.ls.listen(1)
+    self.addr, self.caps, self.after, self.done = f"127.0.0.1:{self.ls.getsockname()[1]}", caps, b"", threading.Event()
+    threading.Thread(target=self.serve, daemon=True).start()
+
+  def serve(self):
+    c, _ = self.ls.accept()
+    with c:
+      c.settimeout(10)
+      hello = c.recv(P.MSGS[P.THELLO].size, socket.MSG_WAITALL)
+      t, f = P.unpack(hello)
+      assert t == P.THELLO
+      c.sendall(P.pack(P.RHELLO, f["tag"], magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG, backend=P.BACKEND_CPU,
+                       caps=self.caps, ncores=1, memory=1 << 30, maxbuf=1 << 30, maxhandles=65536, session=1, name=b"impostor",
+                       arch=b"x86_64", cpu=b"x86-64"))
+      while (b := c.recv(4096)): self.after += b
+    self.done.set()
+
+  def close(self): self.ls.close()
+
+@pytest.mark.parametrize("given", ["token=", "METAL_RUNNER_TOKEN_FILE"])
+def test_a_client_with_a_token_refuses_a_runner_that_asks_for_none(given, token_file, monkeypatch):
+  """An impostor need only not ask: a client that holds a token closes after Rhello without CAP_AUTH, having sent nothing more."""
+  fake = FakeRunner()
+  monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
+  if given != "token=": monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(token_file))
+  try:
+    with pytest.raises(conn.RunnerError) as e: conn.Runner(fake.addr, token=TOKEN if given == "token=" else None, connect_timeout=5)
+    assert fake.done.wait(5), "the client did not close the connection"
+  finally: fake.close()
+  assert e.value.code == P.EAUTH and "did not authenticate" in str(e.value) and "--token-file" in str(e.value), str(e.value)
+  assert (str(token_file) if given != "token=" else "token=") in str(e.value)
+  assert fake.after == b"", f"the client sent {fake.after[:64]!r} to a runner that did not authenticate"
+
+def test_a_client_with_a_token_refuses_a_real_runner_started_without_one(token_file, monkeypatch):
+  monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(token_file))
+  with runner("-v") as r:
+    with pytest.raises(conn.RunnerError, match="did not authenticate"): conn.Runner(r.addr)
+    assert "1 requests" in r.wait_log(" requests, "), "the client sent more than its Thello"
+    monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE")
+    with conn.Runner(r.addr) as c: assert c.ping(b"no token, no auth") == b"no token, no auth"
+
+def test_a_wrong_token_names_the_file_it_came_from(ar, tmp_path, monkeypatch):
+  (bad := tmp_path / "old.token").write_bytes(b"last year's token\n")
+  monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(bad))
+  with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, timeout=10)
+  assert e.value.code == P.EAUTH and "wrong token" in str(e.value)
+  assert f"the runner refused the token from METAL_RUNNER_TOKEN_FILE={bad}" in str(e.value), str(e.value)
+
+def test_no_token_where_one_is_needed_names_both_ways_to_give_it(ar, monkeypatch):
+  monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
+  with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, timeout=10)
+  assert e.value.code == P.EAUTH and "token=" in str(e.value) and "METAL_RUNNER_TOKEN_FILE" in str(e.value), str(e.value)
+
+@pytest.mark.parametrize("bad", ["missing", "empty", "a directory"])
+def test_an_unusable_token_file_is_one_clear_error_naming_it_and_the_setting(bad, tmp_path, monkeypatch):
+  path = tmp_path / "token"
+  if bad == "empty": path.write_bytes(b"\r\n")
+  if bad == "a directory": path.mkdir()
+  monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(path))
+  with pytest.raises(conn.TokenFileError) as e: conn.Runner("127.0.0.1:1")   # before any connection: nothing listens there
+  msg = str(e.value)
+  assert f"the token file {path} (METAL_RUNNER_TOKEN_FILE)" in msg and "\n" not in msg, msg
+  assert {"missing": "No such file", "empty": "is empty", "a directory": "Is a directory"}[bad] in msg, msg
+  assert isinstance(e.value, conn.RunnerError) and e.value.code == P.EAUTH
+
+def test_the_local_runner_a_client_starts_gets_its_token(token_file):
+  """With no METAL_RUNNER the devices start a runner of their own: a client that holds a token must be able to use it."""
+  from conftest import run_python
+  r = run_python("import client.remote_metal\nfrom tinygrad import Tensor\nprint((Tensor([1.0, 2.0], device='REMOTE') + 1).tolist())",
+                 {"METAL_RUNNER_TOKEN_FILE": str(token_file)}, unset=("METAL_RUNNER",), timeout=300)
+  assert r.returncode == 0 and r.stdout.strip() == "[2.0, 3.0]", r.stderr[-3000:]
+
+def test_a_resume_sends_nothing_to_a_runner_that_asks_for_no_token(ar, monkeypatch):
+  """The link drops and the address now answers without CAP_AUTH (another runner, an impostor): no Tresume, no replayed request."""
+  monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
+  c = conn.Runner(ar.addr, token=TOKEN, timeout=10)
+  assert c._rs is not None and c._rs.key is not None, "the runner does not resume sessions"
+  fake = FakeRunner(P.CAP_UNIFIED | P.CAP_CPU_IMAGE | P.CAP_RESUME)
+  try:
+    c.addr = fake.addr   # where the client reconnects to
+    c.sock.shutdown(socket.SHUT_RDWR)
+    with pytest.raises(conn.RunnerConnectionError, match="asks for no token"): c.ping(b"to whom?")
+    assert fake.done.wait(5)
+  finally: fake.close()
+  assert fake.after == b"", f"the client sent {fake.after[:64]!r} to a runner that did not authenticate"

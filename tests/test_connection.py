@@ -1,8 +1,8 @@
 """client/connection.py against a real runner (and, for timeouts, a silent fake): what a tinygrad user ends up seeing."""
-import os, signal, socket, struct, threading, time
+import http.server, os, signal, socket, struct, threading, time
 import pytest
 from client import protocol as P
-from client.connection import Runner, RunnerError, RunnerConnectionError
+from client.connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, parse_addr
 from runner_proc import runner
 from wire import compile_kernel, ADD1, CRASH
 
@@ -90,12 +90,41 @@ def test_unreachable_runner():
   s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()   # nothing listens there
   with pytest.raises(RunnerConnectionError, match=f"127.0.0.1:{port}: cannot connect"): Runner(f"127.0.0.1:{port}")
 
-def test_a_silent_server_times_out_instead_of_hanging():
+def test_a_silent_server_is_named_as_probably_not_a_runner_instead_of_hanging():
   ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
   addr = f"127.0.0.1:{ls.getsockname()[1]}"
   held = []
   threading.Thread(target=lambda: held.append(ls.accept()), daemon=True).start()   # accepts, never answers
   t0 = time.monotonic()
-  with pytest.raises(RunnerConnectionError, match="no reply within") as ei: Runner(addr, connect_timeout=1)
-  assert time.monotonic() - t0 < 5 and "Thello" in str(ei.value)
+  with pytest.raises(NotARunnerError) as ei: Runner(addr, connect_timeout=1)
+  assert time.monotonic() - t0 < 5
+  assert str(ei.value) == f"{addr} accepted the connection but never answered the handshake within 1 s (connect_timeout): probably not a metal_runner"
   ls.close()
+
+def test_an_http_server_is_named_as_not_a_runner_at_once():
+  """A line-based server (HTTP here, the standard library's) answers the Thello at once: its tag ends a line (protocol.md, Thello)."""
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  addr = f"127.0.0.1:{srv.server_address[1]}"
+  try:
+    t0 = time.monotonic()
+    with pytest.raises(NotARunnerError) as ei: Runner(addr, connect_timeout=5)
+    took = time.monotonic() - t0
+  finally:
+    srv.shutdown(); srv.server_close()
+  # an HTTP/0.9-style answer (no status line) to a request line without a version: the page itself
+  assert str(ei.value) == f"{addr} is not a metal_runner (it answered '<!DOCTYPE HTML>')", str(ei.value)
+  assert took < 2, f"{took:.1f} s: waited for the connect timeout instead of reading the answer"
+
+def test_a_server_that_closes_without_a_word_is_named_as_probably_not_a_runner():
+  ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+  threading.Thread(target=lambda: ls.accept()[0].close(), daemon=True).start()
+  addr = f"127.0.0.1:{ls.getsockname()[1]}"
+  with pytest.raises(NotARunnerError, match="closed the connection without answering the handshake: probably not a metal_runner"): Runner(addr)
+  ls.close()
+
+@pytest.mark.parametrize("addr,why", [("127.0.0.1:66677", "port 66677 out of range 1-65535"), ("127.0.0.1:0", "port 0 out of range 1-65535"),
+                                      ("localhost", "is not host:port"), ("127.0.0.1:http", "is not host:port")])
+def test_a_bad_address_is_refused_before_connecting(addr, why):
+  with pytest.raises(ValueError, match=why): parse_addr(addr)
+  with pytest.raises(ValueError, match=why): Runner(addr)

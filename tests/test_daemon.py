@@ -148,3 +148,50 @@ def test_a_resume_log_outside_64k_to_4g_is_refused_at_start_up():
     assert f"bad value for --resume-log: {v}" in p.stderr, p.stderr
   for v in ("64K", "4G"):   # the bounds themselves are accepted
     with runner("--resume-log", v) as r: assert Raw(r.addr).ping(b"up") == b"up"
+
+# *** what the runner's log and messages say to the person who reads them
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_a_normal_client_exit_is_logged_as_an_ordinary_end_of_session(iso):
+  """The client library's close sends Tresumekey OFF and closes at once; the Rresumekey then meets a closed socket, which the client's
+  kernel answers with a reset. That reset, or a plain end of stream, is how every client leaves: not an error."""
+  from client.connection import Runner
+  with runner("--isolation", iso, "-v") as r:
+    for _ in range(5):
+      with Runner(r.addr) as c: c.ping(b"x")
+    log = r.wait_log(*(f"session {i}: the client disconnected" for i in range(1, 6)))
+    assert "recv:" not in log and "reset by peer" not in log and "warning" not in log, log
+
+@pytest.mark.parametrize("where", ["between frames", "mid-frame"])
+def test_a_reset_connection_is_an_end_of_session_between_frames_and_named_mid_frame(where):
+  with runner("--isolation", "thread", "-v") as r:
+    c = Raw(r.addr)
+    c.ping()
+    if where == "mid-frame": c.send(P.pack(P.TPING, 1, payload_len=100, count=100) + b"half")
+    time.sleep(0.2)
+    c.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close sends RST
+    c.s.close()
+    log = r.wait_log("session 1: the client disconnected (connection reset)" if where == "between frames" else
+                     "session 1: connection reset mid-frame")
+    assert "recv:" not in log and "warning" not in log, log
+    still_serving(r)
+
+def test_a_port_in_use_is_an_error_that_says_what_to_do():
+  import subprocess
+  from runner_proc import build
+  with runner() as r:
+    p = subprocess.run([str(build()), "--host", "127.0.0.1", "--port", str(r.port)], capture_output=True, text=True, timeout=10)
+  assert p.returncode == 1 and p.stdout == "", (p.returncode, p.stdout)
+  line = next(l for l in p.stderr.splitlines() if "cannot listen" in l)
+  assert "warning" not in p.stderr and " error: " in line, p.stderr
+  assert f"cannot listen on 127.0.0.1:{r.port}: Address already in use" in line and "--port 0" in line and "another runner" in line, line
+
+@pytest.mark.parametrize("args,bad", [(["--prot", "6667"], "--prot"), (["-x"], "x"), (["--port"], "--port"), (["stray"], "stray")])
+def test_a_mistyped_option_prints_one_line_and_the_usage_not_the_help(args, bad):
+  import subprocess
+  from runner_proc import build
+  p = subprocess.run([str(build()), *args], capture_output=True, text=True, timeout=10)
+  assert p.returncode == 2 and p.stdout == "", (p.returncode, p.stdout)
+  lines = p.stderr.splitlines()
+  assert len(lines) <= 3 and bad in lines[0], p.stderr
+  assert lines[-1] == "usage: metal_runner [options]; see metal_runner --help", p.stderr

@@ -1,6 +1,6 @@
 """python -m client probe (client/__main__.py) against real runners: what it prints, --json, and the exit code and message for a
 runner that refuses the token or wants one, a port where nothing listens, and a peer that is not a metal_runner."""
-import json, os, socket, subprocess, sys, threading
+import http.server, json, os, socket, subprocess, sys, threading
 import pytest
 from runner_proc import RunnerProc, ROOT
 
@@ -57,16 +57,33 @@ def test_probe_with_the_token(authed):
   p = probe(authed.addr, "--pings", "0", env={"METAL_RUNNER_TOKEN_FILE": str(authed.token_file)})
   assert p.returncode == 0 and "token accepted" in p.stdout, p.stderr
 
-def test_probe_with_a_wrong_token(authed, tmp_path):
+def test_probe_with_a_wrong_token_names_the_file_and_the_setting(authed, tmp_path):
   (bad := tmp_path / "bad").write_bytes(b"not the token")
   p = probe(authed.addr, "--token-file", str(bad), "--json")
   assert p.returncode == 4, (p.stdout, p.stderr)
-  assert "refused the token" in p.stderr and "wrong token" in p.stderr
+  assert f"refused the token from --token-file {bad}" in p.stderr and "wrong token" in p.stderr, p.stderr
   assert json.loads(p.stdout)["exit"] == 4
+  p = probe(authed.addr, env={"METAL_RUNNER_TOKEN_FILE": str(bad)})
+  assert p.returncode == 4 and f"refused the token from METAL_RUNNER_TOKEN_FILE={bad}" in p.stderr, p.stderr
 
-def test_probe_without_a_token_where_one_is_needed(authed):
+def test_probe_without_a_token_where_one_is_needed_names_its_option(authed):
   p = probe(authed.addr)
-  assert p.returncode == 4 and "requires authentication" in p.stderr, (p.stdout, p.stderr)
+  assert p.returncode == 4 and "requires a token: pass --token-file FILE" in p.stderr, (p.stdout, p.stderr)
+  assert "token=" not in p.stderr   # the library's way, not the command line's
+
+def test_probe_with_a_token_refuses_a_runner_that_asks_for_none(plain, authed):
+  p = probe(plain.addr, "--token-file", str(authed.token_file))
+  assert p.returncode == 4 and "did not authenticate" in p.stderr and "auth" not in p.stdout, (p.stdout, p.stderr)
+  assert f"--token-file {authed.token_file}" in p.stderr and "impostor" in p.stderr, p.stderr
+
+@pytest.mark.parametrize("bad", ["missing", "empty"])
+def test_probe_with_an_unusable_token_file(bad, tmp_path, authed):
+  tf = tmp_path / "token"
+  if bad == "empty": tf.write_bytes(b"\n")
+  for args, env, named in [(("--token-file", str(tf)), None, "--token-file"), ((), {"METAL_RUNNER_TOKEN_FILE": str(tf)}, "METAL_RUNNER_TOKEN_FILE")]:
+    p = probe(authed.addr, *args, env=env)
+    assert p.returncode == 4 and f"the token file {tf} ({named})" in p.stderr, (p.stdout, p.stderr)
+    assert len(p.stderr.splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
 
 def test_probe_unreachable():
   s = socket.socket()
@@ -91,9 +108,25 @@ def test_probe_not_a_metal_runner():
   t.start()
   try: p = probe(f"127.0.0.1:{srv.getsockname()[1]}", "--timeout", "5")
   finally: srv.close()
-  assert p.returncode == 5 and "is not a metal_runner" in p.stderr, (p.stdout, p.stderr)
+  assert p.returncode == 5 and "is not a metal_runner (it answered 'HTTP/1.0 400 Bad Request')" in p.stderr, (p.stdout, p.stderr)
+
+def test_probe_an_http_server_at_once():
+  srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+  threading.Thread(target=srv.serve_forever, daemon=True).start()
+  try: p = probe(f"127.0.0.1:{srv.server_address[1]}", "--json")   # --timeout 10
+  finally: srv.shutdown(); srv.server_close()
+  assert p.returncode == 5 and "is not a metal_runner (it answered '<!DOCTYPE HTML>')" in p.stderr, (p.stdout, p.stderr)
+  assert json.loads(p.stdout)["exit"] == 5
+
+def test_probe_a_server_that_never_answers():
+  ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)   # the kernel accepts; nobody reads or answers
+  try: p = probe(f"127.0.0.1:{ls.getsockname()[1]}", "--timeout", "1")
+  finally: ls.close()
+  assert p.returncode == 5 and "accepted the connection but never answered the handshake" in p.stderr, (p.stdout, p.stderr)
 
 def test_probe_bad_arguments():
   p = probe("nohostport")
   assert p.returncode == 2 and "is not host:port" in p.stderr, p.stderr
+  p = probe("127.0.0.1:66677")
+  assert p.returncode == 2 and "port 66677 out of range 1-65535" in p.stderr, p.stderr
   assert probe("127.0.0.1:1", "--size", "lots").returncode == 2

@@ -124,7 +124,9 @@ class Pool:
     try: r = RunnerProc(*args, nofile=nofile)
     except (RuntimeError, subprocess.CalledProcessError, OSError) as e: pytest.fail(f"cannot start metal_runner {' '.join(args)}: {e}")
     token = TOKEN if "--token-file" in opts else None
-    return Target(r.addr, token, isolation, self), r.stop
+    t = Target(r.addr, token, isolation, self)
+    t.pid = r.proc.pid   # for a case that signals its own runner (fresh): SIGHUP reads the token file again
+    return t, r.stop
 
   def get(self, isolation:str, opts:tuple[str, ...]) -> Target:
     key = (isolation, tuple(opts))

@@ -1,5 +1,5 @@
 """Thello/Rhello, Tauth/Rauth, Versioning and Authentication: the first exchanges of a connection."""
-import os, struct, threading, time
+import os, signal, struct, threading, time
 import pytest
 from conformance.spec import P, Raw, section, send_auth, client_mac, server_mac, fatal, closed, ok, TOKEN
 
@@ -102,6 +102,53 @@ def test_right_token_gets_in_and_rauth_proves_the_runner_holds_it(target):
   assert f["mac"] == server_mac(a.token, c.info["nonce"], cnonce)
   c.alloc(1, 32); c.write(1, 0, b"authenticated" * 2)
   assert c.read(1, 0, 26) == b"authenticated" * 2
+
+@section("Authentication")
+def test_a_runner_with_a_token_sets_cap_auth_and_proves_it_on_every_connection(target):
+  """What makes a client's refusal of a runner without CAP_AUTH safe: a runner started with a token never omits it, and its Rauth
+  always proves the token, so a client that holds one loses nothing by refusing every runner that does not prove it."""
+  a = target.authenticating()
+  for _ in range(8):
+    c = Raw(a.addr)
+    assert c.info["caps"] & P.CAP_AUTH, "a runner with a token sent an Rhello without CAP_AUTH"
+    tag, cnonce = send_auth(c, a.token)
+    t, f, _ = c.frame()
+    assert (t, f["tag"], f["mac"]) == (P.RAUTH, tag, server_mac(a.token, c.info["nonce"], cnonce))
+    c.close()
+
+@section("Authentication")
+def test_replacing_the_token_never_drops_cap_auth_and_rauth_proves_the_new_one(target, tmp_path):
+  old, new = b"the token before the reload", b"the token after the reload"
+  (tf := tmp_path / "token").write_bytes(old)
+  with target.fresh("--token-file", str(tf)) as t:
+    def proves(token:bytes) -> bool:
+      deadline = time.monotonic() + 5
+      while True:   # SIGHUP is acted on by the runner's accept loop: until then the old token is in force
+        c = Raw(t.addr)
+        assert c.info["caps"] & P.CAP_AUTH, "an Rhello without CAP_AUTH from a runner started with a token"
+        tag, cnonce = send_auth(c, token)
+        typ, f, _ = c.frame()
+        if typ == P.RAUTH:
+          assert (f["tag"], f["mac"]) == (tag, server_mac(token, c.info["nonce"], cnonce))
+          return True
+        assert typ == P.RERROR and f["code"] == P.EAUTH and time.monotonic() < deadline, f"Tauth: {P.TYPE_NAMES.get(typ, typ)} {f}"
+    assert proves(old)
+    tf.write_bytes(new)
+    os.kill(t.pid, signal.SIGHUP)
+    assert proves(new)
+    tf.unlink()   # a file that cannot be read at SIGHUP keeps the token, and CAP_AUTH
+    os.kill(t.pid, signal.SIGHUP)
+    time.sleep(0.3)
+    assert proves(new)
+
+@section("Thello, Rhello")
+@pytest.mark.parametrize("tag", [0, 1, 0x0a0d0a0d, 0xffffffff])
+def test_rhello_carries_the_thello_tag_whatever_it_is(target, tag):
+  """The client library's Thello tag is "\\r\\n\\r\\n" (so that a line-based server reached by mistake answers at once)."""
+  c = Raw(target.addr, hello=False)
+  c.send(P.pack(P.THELLO, tag, magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG))
+  t, f, _ = c.frame()
+  assert (t, f["tag"]) == (P.RHELLO, tag)
 
 @section("Authentication")
 def test_every_session_gets_a_fresh_nonce(target):
