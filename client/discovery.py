@@ -15,6 +15,11 @@ import dataclasses, ipaddress, os, socket, threading, time
 SERVICE = "_metal-runner._tcp.local."
 PROTO = 1  # client/protocol.py VERSION; a runner advertising another version is left out
 
+class RunnerUnavailable(RuntimeError):
+  """A runner named by METAL_RUNNER (or `python -m client run --runner`) cannot be used: unreachable, refused the token, the wrong
+  backend; or none was advertised for METAL_RUNNER=auto, or a local one could not be started. Its message is one line (but a local
+  runner's build output) that names the runner, says why and what to check; client/remote_metal.py prints it alone when uncaught."""
+
 @dataclasses.dataclass(frozen=True)
 class Advertised:
   name: str                 # the instance name ("gpu box" of "gpu box._metal-runner._tcp.local.")
@@ -57,8 +62,8 @@ def usable(found:list[Advertised], backend:str|None=None) -> list[Advertised]:
 def _zeroconf():
   try: import zeroconf
   except ImportError:
-    raise RuntimeError("METAL_RUNNER=auto (DNS-SD discovery) needs python-zeroconf: pip install 'metal-runner-client[discovery]' "
-                       "(or pip install zeroconf)") from None
+    raise RunnerUnavailable("metal_runner: METAL_RUNNER=auto (DNS-SD discovery) needs python-zeroconf: "
+                            "pip install 'metal-runner-client[discovery]' (or pip install zeroconf)") from None
   return zeroconf
 
 def discover(timeout:float|None=None, backend:str|None=None, interfaces:list[str]|None=None) -> list[Advertised]:
@@ -92,7 +97,7 @@ def runner_addrs(backend:str|None=None) -> list[str]:
   if v.lower() != "auto": return [a.strip() for a in v.split(",") if a.strip()]
   if backend in _auto: return _auto[backend]
   if not (found := discover(backend=backend)):
-    raise RuntimeError(f"METAL_RUNNER=auto: no {backend + ' ' if backend else ''}runner advertised itself with DNS-SD "
-                       f"(_metal-runner._tcp) within {os.environ.get('METAL_RUNNER_DISCOVER_TIMEOUT', 2)} s; start one with --advertise")
+    raise RunnerUnavailable(f"metal_runner: METAL_RUNNER=auto: no {backend + ' ' if backend else ''}runner advertised itself with DNS-SD "
+                            f"(_metal-runner._tcp) within {os.environ.get('METAL_RUNNER_DISCOVER_TIMEOUT', 2)} s; start one with --advertise")
   _auto[backend] = [a.addr for a in found]   # every device index sees the same list, without listening again
   return _auto[backend]

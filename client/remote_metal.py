@@ -2,22 +2,59 @@
 #   METAL  -> a runner with the Metal backend (MetalRenderer; metallib compiled here on macOS, else Metal source the runner compiles)
 #   REMOTE -> a runner with the CPU backend (ClangRenderer; clang on this host builds a relocated image for the runner's CPU)
 # METAL_RUNNER=host:port[,host:port...] gives one runner per device index (DEV:0, DEV:1, ...); unset, a local runner is started.
+# With METAL_RUNNER set and DEV unset, the import connects to the first runner and makes its device tinygrad's default (DEV=METAL or
+# REMOTE, for child processes too): a program's work goes to the runner it names or nowhere, never to tinygrad's CPU device instead.
+# A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback).
 from __future__ import annotations
-import atexit, contextlib, hashlib, os, pathlib, re, select, subprocess, sys, threading, types
+import atexit, contextlib, hashlib, os, pathlib, re, select, socket, subprocess, sys, threading, types
 from typing import cast
 from tinygrad.device import Buffer, BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.engine.jit import GraphRunner
-from tinygrad.helpers import DEBUG, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
+from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
 from tinygrad.uop.ops import UOp
 from client.connection import Runner, RunnerConnectionError, RunnerError, parse_addr
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EPEER, patch as pack_patch
+from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EAUTH, EPEER, patch as pack_patch
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
-from client.discovery import runner_addrs
+from client.discovery import RunnerUnavailable, runner_addrs
 
 DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
+
+# *** a runner that cannot be used (RunnerUnavailable): one line that names it, says why and what to check. Uncaught, it ends the
+# program with that line alone: a traceback would show tinygrad's device set-up, not the mistake, which is in the environment.
+
+def _one_line(prev):
+  def hook(t, e, tb):
+    if isinstance(e, RunnerUnavailable): print(e, file=sys.stderr)   # exit code 1, as for any uncaught exception
+    else: prev(t, e, tb)
+  return hook
+sys.excepthook = _one_line(sys.excepthook)
+
+def unusable(addr:str, e:Exception) -> RunnerUnavailable:
+  token = os.environ.get("METAL_RUNNER_TOKEN_FILE")
+  if isinstance(e, RunnerConnectionError):
+    why = {socket.gaierror: "the host name does not resolve", ConnectionRefusedError: "nothing listens on that port"}.get(
+      type(e.__context__), e.reason())   # the OSError that Runner() turned into "cannot connect"
+    fix = "check the address (METAL_RUNNER, or --runner of python -m client run) and that the runner is running there"
+  elif isinstance(e, RunnerError) and e.code == EAUTH:
+    why = e.text
+    fix = f"{token} must hold the token the runner was started with (its --token-file)" if token else \
+          "give its token file with METAL_RUNNER_TOKEN_FILE (or --token-file of python -m client run)"
+  elif isinstance(e, RunnerError): why, fix = e.reason(), "see protocol.md, Errors"
+  elif isinstance(e, OSError): why, fix = str(e), "check METAL_RUNNER_TOKEN_FILE (--token-file of python -m client run)"   # reading it
+  else: why, fix = str(e), "check METAL_RUNNER and METAL_RUNNER_TOKEN_FILE (--runner and --token-file of python -m client run)"
+  return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {why}; {fix}")
+
+# sessions opened to choose the default device (use_runner_by_default), each taken by the device that then opens on its address
+connected: dict[str, Runner] = {}
+
+def connect(addr:str) -> Runner:
+  """A session on the runner at addr (the token from METAL_RUNNER_TOKEN_FILE); RunnerUnavailable if it cannot be used."""
+  if (r:=connected.pop(addr, None)) is not None: return r
+  try: return Runner(addr)
+  except (RunnerError, ValueError, OSError) as e: raise unusable(addr, e) from e
 
 # *** local runner: started on first use when METAL_RUNNER is unset, stopped by pid at exit
 
@@ -32,12 +69,13 @@ def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
       proc.wait()
 
 def start_local_runner(backend:str) -> str:
-  if backend == "metal" and sys.platform != "darwin": raise RuntimeError("no METAL_RUNNER address, and a local Metal runner needs macOS")
+  if backend == "metal" and sys.platform != "darwin":
+    raise RunnerUnavailable("metal_runner: no METAL_RUNNER address, and a local Metal runner needs macOS")
   if not (exe:=DAEMON / "metal_runner").exists():
     try: r = subprocess.run(["make", "-C", str(DAEMON)], capture_output=True, text=True)
-    except OSError as e: raise RuntimeError(f"no runner address in METAL_RUNNER and {exe} is not built: {e}") from e
+    except OSError as e: raise RunnerUnavailable(f"metal_runner: no runner address in METAL_RUNNER and {exe} is not built: {e}") from e
     if r.returncode != 0 or not exe.exists():
-      raise RuntimeError(f"no runner address in METAL_RUNNER and building {exe} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+      raise RunnerUnavailable(f"metal_runner: no runner address in METAL_RUNNER and building {exe} failed:\n{(r.stdout + r.stderr)[-3000:]}")
   # a client that holds a token refuses a runner that does not prove it (client/connection.py): its own runner gets the token too
   token = ["--token-file", tf] if (tf:=os.environ.get("METAL_RUNNER_TOKEN_FILE")) else []
   local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *token],
@@ -53,8 +91,8 @@ def start_local_runner(backend:str) -> str:
   threading.Thread(target=drain, args=(proc.stdout, False), daemon=True).start()
   if (m:=re.match(r"listening on (\S+:\d+)", line.decode(errors="replace"))) is None:
     stop_runner(proc)
-    raise RuntimeError(f"local runner {exe} --backend {backend} did not start (exit code {proc.returncode}): "
-                       f"{b''.join(log).decode(errors='replace').strip() or line!r}")
+    raise RunnerUnavailable(f"metal_runner: local runner {exe} --backend {backend} did not start (exit code {proc.returncode}): "
+                            f"{b''.join(log).decode(errors='replace').strip() or line!r}")
   return m.group(1)
 
 # *** Metal: rendered here; compiled here only where Apple's compiler is (macOS)
@@ -214,9 +252,9 @@ class RemoteDevice(Compiled):
     self.is_metal, idx = device.split(":")[0] == "METAL", int(device.split(":")[1]) if ":" in device else 0
     want = "metal" if self.is_metal else "cpu"
     addrs = runner_addrs(want)   # METAL_RUNNER: addresses, or "auto" (DNS-SD, client/discovery.py)
-    if addrs and idx >= len(addrs): raise RuntimeError(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
+    if addrs and idx >= len(addrs): raise RunnerUnavailable(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
     # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
-    self.runner, self.runner_closed = Runner(addrs[idx] if addrs else start_local_runner(want)), False
+    self.runner, self.runner_closed = connect(addrs[idx] if addrs else start_local_runner(want)), False
     self.profiler: RunnerProfiler|None = None
     self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]
     self.pending: list[tuple[str, int]] = []     # Tunload/Tfree/Tgraphfree requests not sent yet (see later())
@@ -225,8 +263,8 @@ class RemoteDevice(Compiled):
     if info.backend != want or not info.caps & cap:
       self.finalize()
       hint = f" (use {'REMOTE' if info.backend == 'cpu' else 'METAL'} for it)" if info.backend != want else ""
-      raise RuntimeError(f"{device} needs a runner with the {want} backend that accepts {CAP_NAMES[cap]}; {self.runner.addr} has the "
-                         f"{info.backend} backend{hint}")
+      raise RunnerUnavailable(f"{device} needs a runner with the {want} backend that accepts {CAP_NAMES[cap]}; {self.runner.addr} has the "
+                              f"{info.backend} backend{hint}")
     # PROFILE: the runner records every kernel and copy (client/profile.py); a runner without CAP_PROFILE is profiled on the host only
     if PROFILE and info.caps & CAP_PROFILE: self.profiler = RunnerProfiler(device, self.runner)
     elif PROFILE: print(f"{device}: runner {self.runner.addr} cannot profile (no CAP_PROFILE): its kernels are not in the profile", file=sys.stderr)
@@ -283,8 +321,19 @@ def runner_device() -> str:
   """The device to use for the (first) runner: METAL for a Metal backend, REMOTE for a CPU one. Asks the runner; no address means the
   local runner this module would start, which is Metal on macOS."""
   if not (addrs:=runner_addrs()): return "METAL" if sys.platform == "darwin" else "REMOTE"
-  addr = addrs[0]
-  with Runner(addr) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
+  with connect(addrs[0]) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
+
+def use_runner_by_default():
+  """With METAL_RUNNER set and DEV unset: the first runner's device (METAL for a Metal backend, REMOTE for a CPU one) becomes tinygrad's
+  default, here and in child processes, and is opened now, so a runner that cannot be used stops the program before it computes
+  anything (RunnerUnavailable) instead of leaving its work to tinygrad's CPU device. DEV, when set, is the user's choice and is kept."""
+  if DEV.device or os.environ.get("DEV"): return
+  if not (addrs:=runner_addrs()): return
+  connected[addrs[0]] = r = connect(addrs[0])   # the device below takes this session: one connection, not a probe and then another
+  DEV.value = os.environ["DEV"] = dev = "METAL" if r.info.backend == "metal" else "REMOTE"   # as tinygrad sets DEV for its children
+  try: Device[dev]
+  finally:
+    if (left:=connected.pop(addrs[0], None)) is not None: left.close()   # METAL_RUNNER=auto: the device's own discovery chose another
 
 def frames(nbytes:int, step:int) -> int: return max(1, -(-nbytes // step))   # Twrite/Tread frames (and so profile records) of a copy
 
@@ -314,3 +363,5 @@ def _shutdown():  # runs before tinygrad's own atexit (registered earlier): clos
         except RuntimeError as e: print(f"{dn}: the runner's last profile records are lost: {e}", file=sys.stderr)
       dev.finalize()
   for proc in local_runners: stop_runner(proc)
+
+use_runner_by_default()   # last: a runner that cannot be used raises from the import itself
