@@ -133,6 +133,11 @@ def main(argv=None) -> int:
   p.add_argument("--size", type=size_arg, default=16 << 20, help="bytes to write and read back (default 16M, capped by the runner's maxbuf)")
   p.add_argument("--repeat", type=int, default=3, help="writes and reads, the median is shown (default 3)")
   p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the connection and for each reply (default 10)")
+  sub.add_parser("run", help="run a tinygrad program on a runner: run [--runner ADDR] [--token-file F] (SCRIPT | -m MODULE) [ARGS...]",
+                 add_help=False)
+  if (argv:=sys.argv[1:] if argv is None else argv)[:1] == ["run"]:   # its options end at the program, as python's: not argparse's rule
+    from .run import main as run
+    return run(argv[1:])
   args = ap.parse_args(argv)
   if args.repeat < 1: ap.error("--repeat must be at least 1")
   return probe(args)

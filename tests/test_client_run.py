@@ -1,0 +1,250 @@
+"""python -m client run (client/run.py), and `import client.remote_metal` with METAL_RUNNER set, against real runners.
+
+A program written for plain tinygrad runs on a runner unchanged, as `python SCRIPT` (or `python -m MODULE`) would run it: sys.argv,
+__main__, exit code, its own traceback, Ctrl-C, and child processes (multiprocessing spawn and forkserver, tinygrad's BEAM workers) on
+the same runner. A runner that is named but cannot be used (a host that does not resolve, a dead port, a refused or missing token)
+stops the program with one line naming it and a non-zero exit, before the program computes anything: never on the local CPU instead.
+Every program runs in its own python; runners listen on 127.0.0.1 and are stopped by pid (tests/runner_proc.py).
+"""
+import json, os, re, signal, socket, subprocess, sys, textwrap
+import pytest
+from runner_proc import ROOT, RunnerProc, runner
+
+pytestmark = pytest.mark.cpu_only
+TOKEN = b"client run test token"
+# what the tests set themselves; anything else of the environment passes through, as for any program
+OWN_VARS = ("DEV", "DEBUG", "BEAM", "PARALLEL", "METAL_RUNNER", "METAL_RUNNER_TOKEN_FILE", "METAL_RUNNER_CLIENT_RUN")
+
+# a training script for plain tinygrad: it names no device, no runner, nothing of this project
+TRAIN = """
+from tinygrad import Device, Tensor, nn
+from tinygrad.helpers import Context
+print("default device:", Device.DEFAULT, flush=True)
+Tensor.manual_seed(0)
+x = Tensor.randn(64, 4)
+y = (x[:, 0:1] > x[:, 1:2]).float()
+model = nn.Linear(4, 1)
+opt = nn.optim.SGD(nn.state.get_parameters(model), lr=2.0)
+losses = []
+with Context(TRAINING=1):
+  for step in range(8):
+    opt.zero_grad()
+    loss = (model(x).sigmoid() - y).square().mean()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+print("loss", losses[0], losses[-1])
+"""
+
+SCRIPTS = {
+  "train.py": TRAIN,
+  "tinytrain.py": "import json, sys\nprint(json.dumps({'argv': sys.argv, 'name': __name__}))\n" + TRAIN,
+  # the same training in a program that installs the devices itself and leaves the device to METAL_RUNNER
+  "import_train.py": "import client.remote_metal\n" + TRAIN,
+  "argv.py": """
+import json, sys
+m = sys.modules["__main__"]
+print(json.dumps({"argv": sys.argv, "name": __name__, "file": __file__, "path0": sys.path[0], "spec": repr(__spec__),
+                  "main": m.__dict__ is globals(), "loader": type(__loader__).__name__, "doc": __doc__}))
+""",
+  "exits.py": "import sys\nprint('before exit', flush=True)\nsys.exit(7)\n",
+  "boom.py": "def inner(): raise ValueError('the program\\'s own error')\ndef outer(): inner()\nprint('started', flush=True)\nouter()\n",
+  "sleeps.py": "import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+  # BEAM with tinygrad's pool of spawned compile workers; they report whether they have the runner's devices
+  "beam.py": """
+import numpy as np
+from tinygrad import Tensor
+from tinygrad.helpers import Context
+from tinygrad.engine import worker
+a, b = np.random.default_rng(0).random((16, 16), dtype=np.float32), np.random.default_rng(1).random((16, 16), dtype=np.float32)
+with Context(BEAM=2, CACHELEVEL=0): out = (Tensor(a) @ Tensor(b)).numpy()
+pool = worker.worker_pool
+print("error", float(np.abs(out - a @ b).max()))
+print("workers", pool is not None and pool.apply(eval, ("'tinygrad.runtime.ops_remote' in __import__('sys').modules",)))
+""",
+  # a child process started with multiprocessing spawn or forkserver that computes on the default device
+  "children.py": """
+import json, multiprocessing, os, sys
+from tinygrad import Device, Tensor
+def work(n):
+  return {"x": (Tensor([1.0, 2.0, 3.0]) * n).tolist(), "dev": Device.DEFAULT, "addr": Device[Device.DEFAULT].runner.addr, "pid": os.getpid()}
+if __name__ == "__main__":
+  mine = work(1)
+  with multiprocessing.get_context(sys.argv[1]).Pool(1) as pool: child = pool.apply(work, (2,))
+  print(json.dumps({"parent": mine, "child": child, "METAL_RUNNER": os.environ["METAL_RUNNER"]}))
+""",
+}
+
+@pytest.fixture(scope="module")
+def scripts(tmp_path_factory):
+  d = tmp_path_factory.mktemp("programs")
+  for name, text in SCRIPTS.items(): (d / name).write_text(textwrap.dedent(text).lstrip())
+  return d
+
+def python(*argv:str, env:dict|None=None, cwd=None, timeout:float=120) -> subprocess.CompletedProcess:
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  e.update(PYTHONPATH=str(ROOT), **(env or {}))
+  return subprocess.run([sys.executable, *argv], env=e, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+def client_run(*args:str, **kw) -> subprocess.CompletedProcess: return python("-m", "client", "run", *args, **kw)
+
+@pytest.fixture
+def logged():
+  """A runner of its own for one test, logging every program it loads (-vv): the proof that kernels ran there."""
+  with runner("-vv") as r: yield r
+
+def loaded(r:RunnerProc) -> list[str]: return re.findall(r"session \d+: loaded (\S+)", r.log_text())
+
+@pytest.fixture(scope="module")
+def shared():
+  with runner() as r: yield r
+
+@pytest.fixture(scope="module")
+def authed(tmp_path_factory):
+  d = tmp_path_factory.mktemp("token")
+  (d / "token").write_bytes(TOKEN + b"\n")
+  (d / "wrong").write_bytes(b"not the token\n")
+  with runner("--token-file", str(d / "token")) as r:
+    r.token, r.wrong = d / "token", d / "wrong"
+    yield r
+
+def trained(p:subprocess.CompletedProcess, device:str):
+  assert p.returncode == 0, (p.stdout, p.stderr[-3000:])
+  assert f"default device: {device}" in p.stdout, p.stdout
+  first, last = map(float, p.stdout.split("loss ")[1].split())
+  assert last < first, p.stdout
+
+# *** the program runs on the runner
+
+def test_training_script_runs_on_the_runner(scripts, logged):
+  trained(client_run("--runner", logged.addr, str(scripts / "train.py")), "REMOTE")
+  assert len(loaded(logged)) >= 5, logged.log_text()   # its forward, backward and optimizer kernels ran there
+
+def test_import_with_metal_runner_makes_the_runner_the_default(scripts, logged):
+  # a program that installs the devices itself: with METAL_RUNNER set and DEV unset, the runner is the default, not tinygrad's CPU
+  trained(python(str(scripts / "import_train.py"), env={"METAL_RUNNER": logged.addr}), "REMOTE")
+  assert len(loaded(logged)) >= 5, logged.log_text()
+
+def test_token_file(scripts, authed):
+  trained(client_run("--runner", authed.addr, "--token-file", str(authed.token), str(scripts / "train.py")), "REMOTE")
+
+def test_dev_given_is_kept(scripts, shared):
+  trained(client_run("--runner", shared.addr, str(scripts / "train.py"), env={"DEV": "CPU"}), "CPU")
+
+def test_module_with_m(scripts, logged):
+  p = client_run("--runner", logged.addr, "-m", "tinytrain", "first", "--runner", "x", cwd=scripts)
+  trained(p, "REMOTE")
+  assert len(loaded(logged)) >= 5, logged.log_text()
+  plain = python("-m", "tinytrain", "first", "--runner", "x", cwd=scripts, env={"DEV": "CPU"})
+  assert json.loads(p.stdout.splitlines()[0]) == json.loads(plain.stdout.splitlines()[0]) == \
+    {"argv": [str(scripts / "tinytrain.py"), "first", "--runner", "x"], "name": "__main__"}
+
+def test_beam_with_spawned_workers(scripts, logged):
+  p = client_run("--runner", logged.addr, str(scripts / "beam.py"), env={"PARALLEL": "2", "BEAM_STRICT_MODE": "1"})
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "workers True" in p.stdout and float(p.stdout.split("error ")[1].split()[0]) < 1e-4, p.stdout
+  assert loaded(logged).count("test") >= 5, logged.log_text()   # BEAM's candidates ("test"), compiled by the workers, timed on the runner
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_children_use_the_same_local_runner(scripts, method):
+  # no runner named: one local runner, started once, for the program and its children; stopped at exit
+  p = client_run(str(scripts / "children.py"), method)
+  assert p.returncode == 0, p.stderr[-3000:]
+  out = json.loads(p.stdout.splitlines()[-1])
+  parent, child, addr = out["parent"], out["child"], out["METAL_RUNNER"]
+  assert parent["x"] == [1.0, 2.0, 3.0] and child["x"] == [2.0, 4.0, 6.0] and parent["pid"] != child["pid"]
+  assert parent["dev"] == child["dev"] == "REMOTE" and parent["addr"] == child["addr"] == addr and addr.startswith("127.0.0.1:")
+  with pytest.raises(ConnectionRefusedError): socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=5).close()
+
+# *** as python SCRIPT would run it
+
+def test_argv_and_main_as_python_sets_them(scripts, shared):
+  args = ("a b", "--runner", "x", "-m", "y")   # the program's arguments, even those that look like ours
+  p, plain = client_run("--runner", shared.addr, str(scripts / "argv.py"), *args), python(str(scripts / "argv.py"), *args)
+  assert p.returncode == 0 and plain.returncode == 0, p.stderr
+  assert json.loads(p.stdout) == json.loads(plain.stdout)
+  assert json.loads(p.stdout)["argv"] == [str(scripts / "argv.py"), *args]
+  rel = client_run("--runner", shared.addr, "argv.py", "z", cwd=scripts)   # a relative path: argv[0] as given, __file__ absolute
+  assert json.loads(rel.stdout) == json.loads(python("argv.py", "z", cwd=scripts).stdout)
+
+def test_exit_code(scripts, shared):
+  p = client_run("--runner", shared.addr, str(scripts / "exits.py"))
+  assert p.returncode == 7 and p.stdout == "before exit\n" and p.stderr == "", (p.stdout, p.stderr)
+
+def test_exception_shows_the_programs_own_traceback(scripts, shared):
+  p, plain = client_run("--runner", shared.addr, str(scripts / "boom.py")), python(str(scripts / "boom.py"))
+  assert p.returncode == plain.returncode == 1 and p.stdout == "started\n"
+  assert p.stderr == plain.stderr, p.stderr   # frames of boom.py only: none of client/run.py, runpy or client/__main__.py
+  assert "in outer" in p.stderr and p.stderr.endswith("ValueError: the program's own error\n")
+
+def interrupted(argv:list[str], cwd) -> tuple[int, str]:
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  p = subprocess.Popen([sys.executable, *argv], env={**e, "PYTHONPATH": str(ROOT)}, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True)
+  try:
+    assert p.stdout.readline() == "ready\n"
+    os.kill(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+  finally:
+    if p.poll() is None: p.kill()
+  return p.returncode, err
+
+def test_ctrl_c_is_a_keyboard_interrupt_in_the_program(scripts, shared):
+  code, err = interrupted(["-m", "client", "run", "--runner", shared.addr, "sleeps.py"], scripts)
+  assert (code, err) == interrupted(["sleeps.py"], scripts), err
+  assert code == -signal.SIGINT and err.endswith("KeyboardInterrupt\n") and "sleeps.py" in err and "run.py" not in err
+
+def test_usage_errors(scripts, shared):
+  p = client_run()
+  assert p.returncode == 2 and "usage: python -m client run" in p.stderr and len(p.stderr.splitlines()) <= 3, p.stderr
+  p = client_run("--runer", "h:1", "train.py")
+  assert p.returncode == 2 and "--runer" in p.stderr and len(p.stderr.splitlines()) <= 3, p.stderr
+  p = client_run("--runner", "127.0.0.1:1", str(scripts / "missing.py"))
+  assert p.returncode == 2 and "missing.py" in p.stderr and "No such file" in p.stderr, p.stderr
+  p = client_run("--runner", shared.addr, "-m", "no_such_module_here")
+  assert p.returncode == 1 and "No module named no_such_module_here" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+# *** no silent fall-back: a named runner that cannot be used stops the program with one line
+
+def dead_port() -> str:
+  s = socket.socket()
+  s.bind(("127.0.0.1", 0))
+  port = s.getsockname()[1]
+  s.close()   # nothing listens there now
+  return f"127.0.0.1:{port}"
+
+UNUSABLE = {   # case: (address, token file, what the line says)
+  "unresolvable": (lambda a: "macbok.invalid:6670", None, "does not resolve"),   # .invalid never resolves (RFC 6761)
+  "dead_port": (lambda a: dead_port(), None, "nothing listens"),
+  "wrong_token": (lambda a: a.addr, "wrong", "token"),
+  "no_token": (lambda a: a.addr, None, "token"),
+}
+
+def stopped(p:subprocess.CompletedProcess, addr:str, says:str):
+  assert p.returncode != 0, (p.stdout, p.stderr)
+  assert p.stdout == "", p.stdout   # the program computed nothing: not even its first line, on any device
+  lines = p.stderr.splitlines()
+  assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+  assert addr in lines[0] and says in lines[0], lines[0]
+
+@pytest.mark.parametrize("case", UNUSABLE)
+def test_client_run_stops_for_a_runner_it_cannot_use(scripts, authed, case):
+  where, token, says = UNUSABLE[case]
+  addr = where(authed)
+  p = client_run("--runner", addr, *(("--token-file", str(getattr(authed, token))) if token else ()), str(scripts / "train.py"))
+  stopped(p, addr, says)
+
+@pytest.mark.parametrize("case", UNUSABLE)
+def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, case):
+  where, token, says = UNUSABLE[case]
+  addr = where(authed)
+  p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr, **({"METAL_RUNNER_TOKEN_FILE": str(getattr(authed, token))} if token else {})})
+  stopped(p, addr, says)
+
+def test_a_device_opened_later_stops_with_one_line_too(shared):
+  # DEV names the device: the runner is reached when the program first uses it, and an unusable one is still one line
+  addr = dead_port()
+  p = python("-c", "import client.remote_metal\nfrom tinygrad import Tensor\nprint('started', flush=True)\nprint((Tensor([1]) + 1).tolist())",
+             env={"METAL_RUNNER": addr, "DEV": "REMOTE"})
+  assert p.returncode == 1 and p.stdout == "started\n", (p.stdout, p.stderr)
+  assert len(p.stderr.splitlines()) == 1 and addr in p.stderr and "Traceback" not in p.stderr, p.stderr
