@@ -83,7 +83,7 @@ def scripts(tmp_path_factory):
 
 def python(*argv:str, env:dict|None=None, cwd=None, timeout:float=120) -> subprocess.CompletedProcess:
   e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
-  e.update(PYTHONPATH=str(ROOT), **(env or {}))
+  e.update({"PYTHONPATH": str(ROOT), **(env or {})})
   return subprocess.run([sys.executable, *argv], env=e, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 def client_run(*args:str, **kw) -> subprocess.CompletedProcess: return python("-m", "client", "run", *args, **kw)
@@ -135,9 +135,8 @@ def test_module_with_m(scripts, logged):
   p = client_run("--runner", logged.addr, "-m", "tinytrain", "first", "--runner", "x", cwd=scripts)
   trained(p, "REMOTE")
   assert len(loaded(logged)) >= 5, logged.log_text()
-  plain = python("-m", "tinytrain", "first", "--runner", "x", cwd=scripts, env={"DEV": "CPU"})
-  assert json.loads(p.stdout.splitlines()[0]) == json.loads(plain.stdout.splitlines()[0]) == \
-    {"argv": [str(scripts / "tinytrain.py"), "first", "--runner", "x"], "name": "__main__"}
+  # as python -m sets them: argv[0] the module's file, the arguments after the module the program's, even one that looks like ours
+  assert json.loads(p.stdout.splitlines()[0]) == {"argv": [str(scripts / "tinytrain.py"), "first", "--runner", "x"], "name": "__main__"}
 
 def test_beam_with_spawned_workers(scripts, logged):
   p = client_run("--runner", logged.addr, str(scripts / "beam.py"), env={"PARALLEL": "2", "BEAM_STRICT_MODE": "1"})
@@ -155,6 +154,14 @@ def test_children_use_the_same_local_runner(scripts, method):
   assert parent["x"] == [1.0, 2.0, 3.0] and child["x"] == [2.0, 4.0, 6.0] and parent["pid"] != child["pid"]
   assert parent["dev"] == child["dev"] == "REMOTE" and parent["addr"] == child["addr"] == addr and addr.startswith("127.0.0.1:")
   with pytest.raises(ConnectionRefusedError): socket.create_connection(("127.0.0.1", int(addr.rsplit(":", 1)[1])), timeout=5).close()
+
+def test_a_child_python_keeps_its_own_sitecustomize(scripts, shared, tmp_path):
+  # client run's sitecustomize shadows the one a child would import: that one runs too
+  (tmp_path / "sitecustomize.py").write_text("import sys\nsys.own_site_ran = True\n")
+  child = "import sys; print('tinygrad.runtime.ops_remote' in sys.modules, getattr(sys, 'own_site_ran', False))"
+  (scripts / "subproc.py").write_text(f"import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', {child!r}]).returncode)\n")
+  p = client_run("--runner", shared.addr, str(scripts / "subproc.py"), env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+  assert p.returncode == 0 and p.stdout == "True True\n0\n", (p.stdout, p.stderr)
 
 # *** as python SCRIPT would run it
 
