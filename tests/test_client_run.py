@@ -6,7 +6,7 @@ the same runner. A runner that is named but cannot be used (a host that does not
 stops the program with one line naming it and a non-zero exit, before the program computes anything: never on the local CPU instead.
 Every program runs in its own python; runners listen on 127.0.0.1 and are stopped by pid (tests/runner_proc.py).
 """
-import json, os, re, signal, socket, subprocess, sys, textwrap
+import json, os, re, signal, socket, subprocess, sys, textwrap, time
 import pytest
 from runner_proc import ROOT, RunnerProc, runner
 
@@ -190,6 +190,7 @@ def interrupted(argv:list[str], cwd) -> tuple[int, str]:
                        text=True)
   try:
     assert p.stdout.readline() == "ready\n"
+    time.sleep(0.5)   # in its sleep, not still returning from print: the two tracebacks then show the same line
     os.kill(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=30)
   finally:
