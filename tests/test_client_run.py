@@ -105,7 +105,7 @@ def authed(tmp_path_factory):
   (d / "token").write_bytes(TOKEN + b"\n")
   (d / "wrong").write_bytes(b"not the token\n")
   with runner("--token-file", str(d / "token")) as r:
-    r.token, r.wrong = d / "token", d / "wrong"
+    r.token, r.wrong, r.missing = d / "token", d / "wrong", d / "missing"
     yield r
 
 def trained(p:subprocess.CompletedProcess, device:str):
@@ -221,11 +221,12 @@ def dead_port() -> str:
   s.close()   # nothing listens there now
   return f"127.0.0.1:{port}"
 
-UNUSABLE = {   # case: (address, token file, what the line says)
+UNUSABLE = {   # case: (address, token file, what the line says: {token} is the token file's path)
   "unresolvable": (lambda a: "macbok.invalid:6670", None, "does not resolve"),   # .invalid never resolves (RFC 6761)
   "dead_port": (lambda a: dead_port(), None, "nothing listens"),
-  "wrong_token": (lambda a: a.addr, "wrong", "token"),
-  "no_token": (lambda a: a.addr, None, "token"),
+  "wrong_token": (lambda a: a.addr, "wrong", "{token} must hold the token"),
+  "no_token": (lambda a: a.addr, None, "METAL_RUNNER_TOKEN_FILE"),
+  "missing_token_file": (lambda a: a.addr, "missing", "{token}"),
 }
 
 def stopped(p:subprocess.CompletedProcess, addr:str, says:str):
@@ -238,16 +239,16 @@ def stopped(p:subprocess.CompletedProcess, addr:str, says:str):
 @pytest.mark.parametrize("case", UNUSABLE)
 def test_client_run_stops_for_a_runner_it_cannot_use(scripts, authed, case):
   where, token, says = UNUSABLE[case]
-  addr = where(authed)
-  p = client_run("--runner", addr, *(("--token-file", str(getattr(authed, token))) if token else ()), str(scripts / "train.py"))
-  stopped(p, addr, says)
+  addr, tf = where(authed), str(getattr(authed, token)) if token else None
+  p = client_run("--runner", addr, *(("--token-file", tf) if tf else ()), str(scripts / "train.py"))
+  stopped(p, addr, says.format(token=tf))
 
 @pytest.mark.parametrize("case", UNUSABLE)
 def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, case):
   where, token, says = UNUSABLE[case]
-  addr = where(authed)
-  p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr, **({"METAL_RUNNER_TOKEN_FILE": str(getattr(authed, token))} if token else {})})
-  stopped(p, addr, says)
+  addr, tf = where(authed), str(getattr(authed, token)) if token else None
+  p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr, **({"METAL_RUNNER_TOKEN_FILE": tf} if tf else {})})
+  stopped(p, addr, says.format(token=tf))
 
 def test_a_device_opened_later_stops_with_one_line_too(shared):
   # DEV names the device: the runner is reached when the program first uses it, and an unusable one is still one line
