@@ -13,7 +13,7 @@ from tinygrad.engine.jit import GraphRunner
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
 from tinygrad.uop.ops import UOp
-from client.connection import Runner, RunnerConnectionError, RunnerError, parse_addr
+from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError, parse_addr
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
 from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EAUTH, EPEER, patch as pack_patch
 from client.profile import RunnerProfiler
@@ -33,19 +33,19 @@ def _one_line(prev):
 sys.excepthook = _one_line(sys.excepthook)
 
 def unusable(addr:str, e:Exception) -> RunnerUnavailable:
-  token = os.environ.get("METAL_RUNNER_TOKEN_FILE")
+  """The one line for a runner that cannot be used: its address, the reason and, where the reason does not say it, what to check."""
+  where = "check the address (METAL_RUNNER, or --runner of python -m client run) and that the runner is running there"
+  if isinstance(e, NotARunnerError): return RunnerUnavailable(f"metal_runner: {e}; {where}")   # "HOST:PORT is not a metal_runner (...)"
   if isinstance(e, RunnerConnectionError):
     why = {socket.gaierror: "the host name does not resolve", ConnectionRefusedError: "nothing listens on that port"}.get(
       type(e.__context__), e.reason())   # the OSError that Runner() turned into "cannot connect"
-    fix = "check the address (METAL_RUNNER, or --runner of python -m client run) and that the runner is running there"
-  elif isinstance(e, RunnerError) and e.code == EAUTH:
-    why = e.text
-    fix = f"{token} must hold the token the runner was started with (its --token-file)" if token else \
-          "give its token file with METAL_RUNNER_TOKEN_FILE (or --token-file of python -m client run)"
-  elif isinstance(e, RunnerError): why, fix = e.reason(), "see protocol.md, Errors"
-  elif isinstance(e, OSError): why, fix = str(e), "check METAL_RUNNER_TOKEN_FILE (--token-file of python -m client run)"   # reading it
-  else: why, fix = str(e), "check METAL_RUNNER and METAL_RUNNER_TOKEN_FILE (--runner and --token-file of python -m client run)"
-  return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {why}; {fix}")
+    return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {why}; {where}")
+  if isinstance(e, RunnerError) and e.code == EAUTH:   # the token: the library's text names the file, its setting and what to do
+    hint = "" if os.environ.get("METAL_RUNNER_TOKEN_FILE") else " (python -m client run: --token-file)"
+    return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.text}{hint}")
+  if isinstance(e, RunnerError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.reason()}")
+  if isinstance(e, ValueError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}; {where}")   # not host:port
+  return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}")
 
 # sessions opened to choose the default device (use_runner_by_default), each taken by the device that then opens on its address
 connected: dict[str, Runner] = {}

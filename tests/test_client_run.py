@@ -221,12 +221,13 @@ def dead_port() -> str:
   s.close()   # nothing listens there now
   return f"127.0.0.1:{port}"
 
-UNUSABLE = {   # case: (address, token file, what the line says: {token} is the token file's path)
-  "unresolvable": (lambda a: "macbok.invalid:6670", None, "does not resolve"),   # .invalid never resolves (RFC 6761)
-  "dead_port": (lambda a: dead_port(), None, "nothing listens"),
-  "wrong_token": (lambda a: a.addr, "wrong", "{token} must hold the token"),
-  "no_token": (lambda a: a.addr, None, "METAL_RUNNER_TOKEN_FILE"),
-  "missing_token_file": (lambda a: a.addr, "missing", "{token}"),
+UNUSABLE = {   # case: (address of (runner with a token, runner without), token file, what the line says: {token} is the token file's path)
+  "unresolvable": (lambda a, p: "macbok.invalid:6670", None, "does not resolve"),   # .invalid never resolves (RFC 6761)
+  "dead_port": (lambda a, p: dead_port(), None, "nothing listens"),
+  "wrong_token": (lambda a, p: a.addr, "wrong", "{token}"),
+  "no_token": (lambda a, p: a.addr, None, "METAL_RUNNER_TOKEN_FILE"),
+  "missing_token_file": (lambda a, p: a.addr, "missing", "{token}"),
+  "runner_without_a_token": (lambda a, p: p.addr, "token", "{token}"),   # it cannot prove it holds ours: an impostor, maybe
 }
 
 def stopped(p:subprocess.CompletedProcess, addr:str, says:str):
@@ -237,16 +238,16 @@ def stopped(p:subprocess.CompletedProcess, addr:str, says:str):
   assert addr in lines[0] and says in lines[0], lines[0]
 
 @pytest.mark.parametrize("case", UNUSABLE)
-def test_client_run_stops_for_a_runner_it_cannot_use(scripts, authed, case):
+def test_client_run_stops_for_a_runner_it_cannot_use(scripts, authed, shared, case):
   where, token, says = UNUSABLE[case]
-  addr, tf = where(authed), str(getattr(authed, token)) if token else None
+  addr, tf = where(authed, shared), str(getattr(authed, token)) if token else None
   p = client_run("--runner", addr, *(("--token-file", tf) if tf else ()), str(scripts / "train.py"))
   stopped(p, addr, says.format(token=tf))
 
 @pytest.mark.parametrize("case", UNUSABLE)
-def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, case):
+def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, shared, case):
   where, token, says = UNUSABLE[case]
-  addr, tf = where(authed), str(getattr(authed, token)) if token else None
+  addr, tf = where(authed, shared), str(getattr(authed, token)) if token else None
   p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr, **({"METAL_RUNNER_TOKEN_FILE": tf} if tf else {})})
   stopped(p, addr, says.format(token=tf))
 
