@@ -6,7 +6,7 @@
 # REMOTE, for child processes too): a program's work goes to the runner it names or nowhere, never to tinygrad's CPU device instead.
 # A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback).
 from __future__ import annotations
-import atexit, contextlib, hashlib, os, pathlib, re, select, socket, subprocess, sys, threading, types
+import atexit, contextlib, hashlib, os, pathlib, re, select, signal, socket, subprocess, sys, threading, types
 from typing import cast
 from tinygrad.device import Buffer, BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.engine.jit import GraphRunner
@@ -89,11 +89,24 @@ def start_local_runner(backend:str) -> str:
   threading.Thread(target=drain, args=(proc.stderr, True), daemon=True).start()
   line = proc.stdout.readline() if select.select([proc.stdout], [], [], 30)[0] else b""  # type: ignore[union-attr]
   threading.Thread(target=drain, args=(proc.stdout, False), daemon=True).start()
+  stop_runners_on_signals()
   if (m:=re.match(r"listening on (\S+:\d+)", line.decode(errors="replace"))) is None:
     stop_runner(proc)
     raise RunnerUnavailable(f"metal_runner: local runner {exe} --backend {backend} did not start (exit code {proc.returncode}): "
                             f"{b''.join(log).decode(errors='replace').strip() or line!r}")
   return m.group(1)
+
+def stop_runners_on_signals():
+  """SIGTERM and SIGHUP end a Python program without its atexit functions, which would leave the local runners running: stop them,
+  then end as the signal would have. Only where the program left the signal's default action, and only from the main thread (a
+  handler can be set only there); a SIGKILL still leaves them."""
+  if threading.current_thread() is not threading.main_thread(): return
+  def stop_then_die(signum, frame):
+    for proc in local_runners: stop_runner(proc)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+  for sig in (signal.SIGTERM, signal.SIGHUP):
+    if signal.getsignal(sig) is signal.SIG_DFL: signal.signal(sig, stop_then_die)
 
 # *** Metal: rendered here; compiled here only where Apple's compiler is (macOS)
 

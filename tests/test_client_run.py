@@ -50,6 +50,9 @@ print(json.dumps({"argv": sys.argv, "name": __name__, "file": __file__, "path0":
   "exits.py": "import sys\nprint('before exit', flush=True)\nsys.exit(7)\n",
   "boom.py": "def inner(): raise ValueError('the program\\'s own error')\ndef outer(): inner()\nprint('started', flush=True)\nouter()\n",
   "sleeps.py": "import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+  # the local runner's pid, once the default device is open, then a long sleep
+  "local_pid.py": "import time, client.remote_metal as rm\nfrom tinygrad import Device\nDevice[Device.DEFAULT]\n"
+                  "print(rm.local_runners[0].pid, flush=True)\ntime.sleep(60)\n",
   # BEAM with tinygrad's pool of spawned compile workers; they report whether they have the runner's devices
   "beam.py": """
 import numpy as np
@@ -201,6 +204,27 @@ def test_ctrl_c_is_a_keyboard_interrupt_in_the_program(scripts, shared):
   code, err = interrupted(["-m", "client", "run", "--runner", shared.addr, "sleeps.py"], scripts)
   assert (code, err) == interrupted(["sleeps.py"], scripts), err
   assert code == -signal.SIGINT and err.endswith("KeyboardInterrupt\n") and "sleeps.py" in err and "run.py" not in err
+
+@pytest.mark.parametrize("how", ["client run", "import"])
+def test_a_terminated_program_stops_its_local_runner(scripts, how):
+  # SIGTERM (a service manager, kill, a closed terminal's SIGHUP) skips atexit: the local runner must not outlive the program
+  argv = ["-m", "client", "run", "local_pid.py"] if how == "client run" else ["local_pid.py"]
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  p = subprocess.Popen([sys.executable, *argv], env={**e, "PYTHONPATH": str(ROOT), **({"DEV": "REMOTE"} if how == "import" else {})},
+                       cwd=scripts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  pid = None
+  try:
+    pid = int(p.stdout.readline() or 0)
+    assert pid, p.communicate(timeout=30)[1][-3000:]
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=30) == -signal.SIGTERM   # it still ends as SIGTERM ends a program
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline: time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), f"the local runner {pid} outlived the program"
+  finally:
+    if p.poll() is None: p.kill()
+    p.wait()
+    if pid and os.path.exists(f"/proc/{pid}"): os.kill(pid, signal.SIGKILL)
 
 def test_usage_errors(scripts, shared):
   p = client_run()
