@@ -26,7 +26,9 @@ FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes t
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
 # Bulk data goes in frames of at most this size, and reads with this many parts in flight: on loopback, where copies are the whole cost,
 # bytes in flight that fit the CPUs' caches move faster than 64 MiB frames (bench/run.py); on a network the depth keeps the pipe full.
-WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 4
+# Two parts in flight fill every emulated link of bench/netbench.py as four do; four cost a third of a 64 MiB read when client and runner
+# share one CPU (perf-guard), where more bytes in flight only mean more switches between them.
+WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 2
 # With a runner that has a cache (CAP_CACHE), writes of CACHE_MIN bytes or more go by content: in CACHE_CHUNK pieces, each named by
 # its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
 CACHE_MIN = CACHE_CHUNK = 1 << 20
