@@ -101,7 +101,7 @@ def test_appliance_serves_tinygrad_with_its_token_and_stops_on_sigterm(appliance
     addr = a.listening()
     out = run_workload(addr, token_file)
     assert out["err"] < 1e-4 and out["loss"] > 0 and out["kernels"] >= 2, out
-    assert "the runner requires authentication" in refused(addr, None)
+    assert "the runner requires a token" in refused(addr, None)
     refused(addr, b"not the token")
     refused(addr, token(token_file) + b"\n")  # the file's newline is not part of the token
     assert re.search(r"session \d+: authenticated", a.text()) and "authentication failed" in a.text()
