@@ -18,7 +18,7 @@ Environment:
                            Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time
+import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time, weakref
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, copy_max
 
@@ -113,6 +113,21 @@ def _printable(b:bytes) -> str:
   line = b.split(b"\n", 1)[0].rstrip(b"\r")
   return "".join(chr(c) if 32 <= c < 127 and c != 39 else f"\\x{c:02x}" for c in line[:48]) + ("..." if len(line) > 48 else "")
 
+# Every open Runner of this process: a child made by fork() shares their sockets with the parent, and a frame it sent would land in the
+# parent's session. So in the child each is closed (its copy of the descriptor only: the parent's connection stays as it was) and refuses
+# further use with a reason that says what to do.
+_runners: weakref.WeakSet = weakref.WeakSet()
+
+def _after_fork_in_child():
+  for r in list(_runners):
+    if r.sock is not None:
+      with contextlib.suppress(OSError): r.sock.close()
+      r.sock = None
+    if r._dead is None:
+      r._dead = (f"this process is a fork of the one that opened the connection to {r.addr}, which it shares: start processes that use "
+                 "the runner with multiprocessing's spawn or forkserver method, not fork")
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
+
 def _nbytes(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
 
 def _describe(d) -> str:
@@ -159,6 +174,7 @@ class Runner:
     self._token, self._token_from = held_token(token, token_source)
     try: self.sock = socket.create_connection(hostport, timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
+    _runners.add(self)
     try:
       self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
       self.timeout, timeout = connect_timeout, self.timeout  # hello and auth are part of connecting
@@ -450,6 +466,7 @@ class Runner:
       why = f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
     elif isinstance(why, EOFError): why = "the runner closed the connection"
     elif isinstance(why, OSError): why = f"connection failed: {why}"
+    else: why = str(why)   # e.g. the ValueError of a malformed frame: RunnerConnectionError's text is a str
     if errors: why = f"{why}, after reporting {errors[0].request}: {errors[0].code_name}: {errors[0].text}"
     desc = _describe(desc) if desc else None
     self.close()

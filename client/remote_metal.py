@@ -59,6 +59,8 @@ def connect(addr:str) -> Runner:
 # *** local runner: started on first use when METAL_RUNNER is unset, stopped by pid at exit
 
 local_runners: list[subprocess.Popen] = []
+# a forked child's atexit must not stop its parent's runners (nor may its SIGTERM): they are the parent's to stop
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=local_runners.clear)
 
 def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
   if proc.poll() is None:

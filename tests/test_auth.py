@@ -166,8 +166,10 @@ def test_an_empty_or_missing_token_file_is_an_error(tmp_path):
 
 class FakeRunner:
   """Answers Thello with an Rhello of the given caps (no CAP_AUTH: it asks for no token) and records every byte it receives after
-  the Thello until the client closes: a client that holds a token must send nothing more."""
-  def __init__(self, caps:int=P.CAP_UNIFIED | P.CAP_CPU_IMAGE):
+  the Thello until the client closes: a client that holds a token must send nothing more. With answer, it sends those bytes once the
+  client sends its next request."""
+  def __init__(self, caps:int=P.CAP_UNIFIED | P.CAP_CPU_IMAGE, answer:bytes=b""):
+    self.answer = answer
     self.ls = socket.socket()
     self.ls.bind(("127.0.0.1", 0))
     self.ls.listen(1)
@@ -184,7 +186,9 @@ class FakeRunner:
       c.sendall(P.pack(P.RHELLO, f["tag"], magic=P.MAGIC, version=P.VERSION, maxmsg=P.DEFAULT_MAXMSG, backend=P.BACKEND_CPU,
                        caps=self.caps, ncores=1, memory=1 << 30, maxbuf=1 << 30, maxhandles=65536, session=1, name=b"impostor",
                        arch=b"x86_64", cpu=b"x86-64"))
-      while (b := c.recv(4096)): self.after += b
+      while (b := c.recv(4096)):
+        if not self.after and self.answer: c.sendall(self.answer)
+        self.after += b
     self.done.set()
 
   def close(self): self.ls.close()
@@ -202,6 +206,17 @@ def test_a_client_with_a_token_refuses_a_runner_that_asks_for_none(given, token_
   assert e.value.code == P.EAUTH and "did not authenticate" in str(e.value) and "--token-file" in str(e.value), str(e.value)
   assert (str(token_file) if given != "token=" else "token=") in str(e.value)
   assert fake.after == b"", f"the client sent {fake.after[:64]!r} to a runner that did not authenticate"
+
+def test_a_malformed_reply_is_reported_as_such(monkeypatch):
+  """What a broken runner (or another program) sends after the handshake ends the connection with a message that says what came."""
+  monkeypatch.delenv("METAL_RUNNER_TOKEN_FILE", raising=False)
+  fake = FakeRunner(answer=b"\xff" * 64)
+  try:
+    r = conn.Runner(fake.addr, timeout=5)
+    with pytest.raises(conn.RunnerConnectionError) as e: r.ping()
+  finally: fake.close()
+  assert "malformed frame from the runner" in str(e.value) and "malformed frame" in e.value.reason(), repr(e.value.args)
+  with pytest.raises(conn.RunnerConnectionError, match="the connection is unusable: malformed frame"): r.ping()
 
 def test_a_client_with_a_token_refuses_a_real_runner_started_without_one(token_file, monkeypatch):
   monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(token_file))

@@ -50,6 +50,20 @@ print(json.dumps({"argv": sys.argv, "name": __name__, "file": __file__, "path0":
   "exits.py": "import sys\nprint('before exit', flush=True)\nsys.exit(7)\n",
   "boom.py": "def inner(): raise ValueError('the program\\'s own error')\ndef outer(): inner()\nprint('started', flush=True)\nouter()\n",
   "sleeps.py": "import time\nprint('ready', flush=True)\ntime.sleep(60)\n",
+  # children made by fork after the device is open: one uses the device, one exits normally; then the parent computes again
+  "forked.py": """
+import json, multiprocessing, os, sys
+from tinygrad import Device, Tensor
+def work(n):
+  try: return (Tensor([1.0, 2.0, 3.0]) * n).tolist()
+  except Exception as e: return f"{type(e).__name__}: {e}"
+if __name__ == "__main__":
+  first = work(1)
+  with multiprocessing.get_context("fork").Pool(1) as pool: child = pool.apply(work, (2,))
+  if (pid := os.fork()) == 0: sys.exit(0)   # a child that leaves through sys.exit, running its atexit functions
+  os.waitpid(pid, 0)
+  print(json.dumps({"first": first, "child": child, "after": work(3)}))
+""",
   # the local runner's pid, once the default device is open, then a long sleep
   "local_pid.py": "import time, client.remote_metal as rm\nfrom tinygrad import Device\nDevice[Device.DEFAULT]\n"
                   "print(rm.local_runners[0].pid, flush=True)\ntime.sleep(60)\n",
@@ -225,6 +239,15 @@ def test_a_terminated_program_stops_its_local_runner(scripts, how):
     if p.poll() is None: p.kill()
     p.wait()
     if pid and os.path.exists(f"/proc/{pid}"): os.kill(pid, signal.SIGKILL)
+
+def test_a_forked_child_cannot_use_the_parents_connection(scripts):
+  # fork shares the parent's socket: a frame the child sent would land in the parent's session. The child is refused with a reason that
+  # says what to do; the parent's session and its local runner (which the child's atexit must not stop) carry on
+  p = client_run(str(scripts / "forked.py"))
+  assert p.returncode == 0, p.stderr[-3000:]
+  out = json.loads(p.stdout.splitlines()[-1])
+  assert out["first"] == [1.0, 2.0, 3.0] and out["after"] == [3.0, 6.0, 9.0], out
+  assert "this process is a fork of the one that opened the connection" in out["child"] and "spawn or forkserver" in out["child"], out
 
 def test_usage_errors(scripts, shared):
   p = client_run()
