@@ -149,7 +149,9 @@ def main():
   a = ap.parse_args()
   proc = None
   addr = a.runner
-  if addr is None: addr, proc = start_runner()
+  if addr is None:
+    os.environ.pop("METAL_RUNNER_TOKEN_FILE", None)   # the runner started here has no token: a client holding one would refuse it
+    addr, proc = start_runner()
   try:
     c, work = setup(addr)
     name = P.cstr(c.info["name"])
