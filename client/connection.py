@@ -423,6 +423,20 @@ class Runner:
                      hostlen=len(hb), offset=offset, count=count, grant=grant, secret=secret)
     return self._wait(tag, P.RPEERSEND)["ns"] * 1e-9
 
+  def listen(self, link:int, ttl:int=60) -> tuple[int, bytes]:
+    """Link `link` of this session will receive from the one runner that dials it with the returned (grant, secret) within ttl seconds
+    (protocol.md, Links between runners)."""
+    f = self._wait(self._send(P.TLISTEN, f"Tlisten link={link}", link=link, ttl=ttl), P.RLISTEN)
+    return f["grant"], f["secret"]
+
+  def dial(self, link:int, host:str, port:int, grant:int, secret:bytes) -> float:
+    """Link `link` of this session sends to the session at host:port that issued the grant (Tlisten); returns the seconds the connection
+    took. RunnerError EPEER: this runner cannot reach that one."""
+    hb = host.encode()
+    tag = self._send(P.TDIAL, f"Tdial link={link} to {host}:{port}", 0, [hb], link=link, port=port, hostlen=len(hb), grant=grant, secret=secret)
+    return self._wait(tag, P.RDIAL)["ns"] * 1e-9
+
+  def unlink(self, link:int): self._send(P.TUNLINK, f"Tunlink link={link}", link=link)
   def graph_free(self, gid:int): self._send(P.TGRAPHFREE, f"Tgraphfree graph={gid}", graph=gid)
   def sync(self): self._wait(self._small(P.TSYNC, _HDR, "Tsync"), P.RSYNC)
 

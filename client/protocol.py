@@ -22,6 +22,7 @@ PROFILE_RECORDS = 65536  # records a session's profile holds
 HASH_SIZE = 32  # a SHA-256, the cache's content name
 CACHE_PINS = 4096  # cached contents a session keeps (Thave)
 SECRET_SIZE, MAX_GRANTS, MAX_GRANT_TTL, MAX_PEER_HOST = 32, 64, 600, 255  # copies between runners
+LINK_MAGIC, LINK_HDR_SIZE = 0x4b4e4c4d, 32  # links between runners: a link message's header ("MLNK")
 RREAD_INLINE, RESUME_REFS = 4096, 8  # CAP_ACK: Rread data of more bytes the runner keeps by reference, for up to this many Rreads
 
 # message types: a T-message is a request, its R-message (T+1) the reply
@@ -34,6 +35,7 @@ THAVE, RHAVE, TWRITEHASH = 36, 37, 38  # CAP_CACHE
 TRESUMEKEY, RRESUMEKEY, TRESUME, RRESUME = 46, 47, 48, 49  # CAP_RESUME
 TACK = 50  # CAP_ACK
 TGRANT, RGRANT, TPEERSEND, RPEERSEND, TPEER, RPEER = 40, 41, 42, 43, 44, 45  # copies between runners; Tpeer/Rpeer: peer connections only
+TLISTEN, RLISTEN, TDIAL, RDIAL, TUNLINK = 52, 53, 54, 55, 56  # CAP_LINK: links between runners
 
 FWAIT = 1  # hdr.flags on Tlaunch/Tgraphrun: wait and reply with the device time
 FCACHE = 2  # hdr.flags on Twrite (CAP_CACHE): the runner also keeps the data in its cache
@@ -56,8 +58,11 @@ CAP_CACHE = 64
 CAP_RESUME = 256
 CAP_ACK = 512
 CAP_PEER = 128
+CAP_LINK = 1024
 PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE = 1, 2, 3
-PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_METAL_SOURCE: CAP_METAL_SOURCE}
+PROG_LINK_SEND, PROG_LINK_RECV = 4, 5  # CAP_LINK: link programs (one buffer; values count and channel)
+PROG_CAPS = {PROG_CPU_IMAGE: CAP_CPU_IMAGE, PROG_METALLIB: CAP_METALLIB, PROG_METAL_SOURCE: CAP_METAL_SOURCE, PROG_LINK_SEND: CAP_LINK,
+             PROG_LINK_RECV: CAP_LINK}
 ARCH_NONE, ARCH_X86_64, ARCH_ARM64, ARCH_RISCV64 = 0, 1, 2, 3
 ARCHS = {ARCH_X86_64: "x86_64", ARCH_ARM64: "arm64", ARCH_RISCV64: "riscv64"}
 PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL = 1, 2, 3, 4
@@ -131,7 +136,12 @@ MSGS = {t: Msg(name, H + fmt, HF + fields) for t, name, (fmt, fields) in [
   (TPEERSEND, "Tpeersend", ("IQQQ32sHHI", ("handle", "offset", "count", "grant", "secret", "port", "hostlen", "pad"))),
   (RPEERSEND, "Rpeersend", _TIME),
   (TPEER, "Tpeer", ("IQQ32s32s", ("magic", "grant", "count", "cnonce", "mac"))),
-  (RPEER, "Rpeer", ("IQ32s", ("pad", "count", "mac")))]}
+  (RPEER, "Rpeer", ("IQ32s", ("pad", "count", "mac"))),
+  (TLISTEN, "Tlisten", ("II", ("link", "ttl"))),
+  (RLISTEN, "Rlisten", ("IQ32s", ("pad", "grant", "secret"))),
+  (TDIAL, "Tdial", ("IHHIQ32s", ("link", "port", "hostlen", "pad", "grant", "secret"))),
+  (RDIAL, "Rdial", _TIME),
+  (TUNLINK, "Tunlink", ("I", ("link",)))]}
 TYPE_NAMES = {t: m.name for t, m in MSGS.items()}
 
 # records inside frames: a launch (Tlaunch, Tgraph) with its buffer args and int64 values, a Tgraphrun patch
@@ -139,6 +149,7 @@ LAUNCH = Msg("launch", "<" + _LAUNCH[0], _LAUNCH[1])
 ARG = Msg("arg", "<IIQ", ("handle", "pad", "offset"))
 VAL = struct.Struct("<q")
 PATCH = Msg("patch", "<IHHIIQ", ("entry", "kind", "index", "handle", "pad", "value"))
+LINKHDR = Msg("linkhdr", "<IIQQQ", ("magic", "pad", "seq", "channel", "count"))  # a message on a link (not a frame)
 PROF = Msg("prof", "<HHIIIQQQ", ("kind", "entry", "tag", "handle", "aux", "start", "end", "count"))  # an Rprofile record
 
 def is_request(t:int) -> bool: return t in MSGS and t % 2 == 0
@@ -161,13 +172,14 @@ def payload_len(type:int, f:dict) -> int|None:
   if type in (RERROR, TPING, RPING, RREAD, TWRITE, RHAVE): return f["count"]
   if type == THAVE: return HASH_SIZE * f["count"]
   if type == TLOAD: return f["namelen"] + f["datalen"]
-  if type == TPEERSEND: return f["hostlen"]
+  if type in (TPEERSEND, TDIAL): return f["hostlen"]
   if type == TLAUNCH: return 16 * f["nbufs"] + 8 * f["nvals"]
   if type == TGRAPHRUN: return 24 * f["count"]
   if type == RPROFILE: return PROF.size * f["count"]
   return None if type == TGRAPH else 0
 
 PEER_SRC, PEER_DST, PEER_DONE = b"metal_runner peer src", b"metal_runner peer dst", b"metal_runner peer done"
+LINK_SRC, LINK_DST = b"metal_runner link src", b"metal_runner link dst"  # the proofs of a link's peer connection (count 0)
 def peer_mac(secret:bytes, label:bytes, grant:int, count:int, cnonce:bytes) -> bytes:
   """HMAC-SHA256(secret, label || grant[8] || count[8] || cnonce[32]): the proofs of a peer connection (protocol.md, Tpeer, Rpeer)."""
   return hmac.new(secret, label + struct.pack("<QQ", grant, count) + cnonce, hashlib.sha256).digest()

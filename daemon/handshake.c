@@ -118,8 +118,10 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.version = PROTO_VERSION;
 	r.rhello.maxmsg = s->maxmsg;
 	r.rhello.backend = info->backend;
-	/* Tclock and Tprofile are the session's, on every backend. */
+	/* Tclock and Tprofile, peers and links are the session's, on every
+	 * backend. */
 	r.rhello.caps = info->caps | PROTO_CAP_PROFILE | PROTO_CAP_PEER |
+	    PROTO_CAP_LINK |
 	    (cfg->token != NULL ? PROTO_CAP_AUTH : 0) |
 	    (s->cache != NULL ? PROTO_CAP_CACHE : 0) |
 	    (resume_offered(s) ? PROTO_CAP_RESUME | PROTO_CAP_ACK : 0);

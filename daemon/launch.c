@@ -4,7 +4,9 @@
  *
  * Each launch record's handles are resolved and checked afresh at every
  * launch, so a graph never holds a pointer to a buffer freed since it was
- * made. In a session process the launch is armed: a signal while the
+ * made. A record may name a link program (link.c): the kernels before it
+ * are run and waited for, then it sends or receives, then the kernels
+ * after it run, so a graph runs in parts split at its link entries. In a session process the launch is armed: a signal while the
  * kernel runs sends the client an Rerror and ends the process.
  */
 #include <signal.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include "confine.h"
+#include "monotime.h"
 #include "session.h"
 
 /* Process isolation: a kernel that crashes or overruns its time ends its
@@ -80,6 +83,10 @@ resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
 	if (zero_dim(pl))
 		return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s: "
 		    "launch size has a zero dimension", p->name);
+	if (p->p == NULL) {	/* a link program: l->prog NULL marks it */
+		memset(l, 0, sizeof(*l));
+		return link_check(s, tag, p, args, vals);
+	}
 	for (i = 0; i < pl->nbufs; i++) {
 		struct buffer *b = htab_get(&s->bufs, args[i].handle);
 		if (b == NULL)
@@ -180,6 +187,19 @@ sess_crash_signal(int sig)
 	_exit(sig == SIGALRM ? 4 : 3);
 }
 
+/* A link entry, once the session's earlier work has completed. */
+static int
+run_link(struct session *s, uint32_t tag, uint32_t prog,
+    const struct proto_arg *args, const int64_t *vals)
+{
+	if (s->dirty) {
+		s->dirty = 0;
+		if (s->be->sync(s->bs, s->err) == -1)
+			return sess_errorf(s, tag, PROTO_EDEVICE, "%s", s->err);
+	}
+	return link_run(s, tag, htab_get(&s->progs, prog), args, vals);
+}
+
 int
 sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
@@ -202,6 +222,14 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	if (resolve(s, m->h.tag, &pl, args, vals, &l, bufs, offs,
 	    &name) == -1)
 		return wait ? sess_fail_reply(s) : -1;
+	if (l.prog == NULL) {
+		int64_t t0 = mono_ns();
+		if (run_link(s, m->h.tag, pl.prog, args, vals) == -1 ||
+		    link_flush(s, m->h.tag) == -1)
+			return wait ? sess_fail_reply(s) : -1;
+		ns = (uint64_t)(mono_ns() - t0);
+		goto done;
+	}
 	/* Only FWAIT waits: the log level never changes what runs when,
 	 * nor which request a device error is reported to. */
 	l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog, 0, 0, 0);
@@ -226,6 +254,7 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 		    "not timed (no FWAIT)", s->id, name, pl.global[0],
 		    pl.global[1], pl.global[2], pl.local[0], pl.local[1],
 		    pl.local[2]);
+done:
 	if (!wait)
 		return 0;
 	memset(&r, 0, sizeof(r));
@@ -376,11 +405,13 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	struct graph *g = htab_get(&s->graphs, t->graph);
 	const uint8_t *body = frame + sizeof(*t);
 	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a, nprof = 0;
-	int wait = (t->h.flags & PROTO_FWAIT) != 0;
+	size_t start, nlinks = 0;
+	int wait = (t->h.flags & PROTO_FWAIT) != 0, last, rc;
+	int64_t t0;
 	struct proto_patch p;
 	const char *name = "?";
 	char gname[32];
-	uint64_t ns = 0;
+	uint64_t ns = 0, part;
 	union proto_msg r;
 
 	if (g == NULL) {
@@ -425,24 +456,56 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 		a += e->l.nbufs;
 	}
 	for (i = 0; s->prof != NULL && i < g->count; i++)
-		if ((s->launches[i].span = sess_prof_add(s, PROTO_PROF_GRAPH,
-		    t->h.tag, g->e[i].l.prog, t->graph, (unsigned)i, 0)) != NULL)
+		if (s->launches[i].prog != NULL && (s->launches[i].span =
+		    sess_prof_add(s, PROTO_PROF_GRAPH, t->h.tag, g->e[i].l.prog,
+		    t->graph, (unsigned)i, 0)) != NULL)
 			nprof++;
 	snprintf(gname, sizeof(gname), "in graph %u", t->graph);
-	arm_crash(s, t->h.tag, gname);
-	if (s->be->launch(s->bs, s->launches, g->count, wait, &ns,
-	    s->err) == -1) {
-		disarm_crash(s);
-		/* The backend may have submitted some of the kernels before
-		 * it failed (backend.h): host access waits for them. */
-		s->dirty = 1;
-		sess_prof_drop(s, nprof);
-		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "graph %u: %s",
-		    t->graph, s->err);
-		return wait ? sess_fail_reply(s) : -1;
+	/* The kernels between two link entries go to the backend as one
+	 * launch; with no link entry (the usual graph), the whole graph. */
+	t0 = mono_ns();
+	for (i = start = 0; i <= g->count; i++) {
+		if (i < g->count && s->launches[i].prog != NULL)
+			continue;
+		if (i > start) {
+			last = i == g->count;
+			arm_crash(s, t->h.tag, gname);
+			rc = s->be->launch(s->bs, s->launches + start,
+			    i - start, last && wait, &part, s->err);
+			disarm_crash(s);
+			/* On failure the backend may have submitted some of
+			 * the kernels (backend.h): host access waits for
+			 * them. */
+			s->dirty = rc == -1 || !(last && wait);
+			if (rc == -1) {
+				sess_prof_drop(s, nprof);
+				sess_errorf(s, t->h.tag, PROTO_EDEVICE,
+				    "graph %u: %s", t->graph, s->err);
+				return wait ? sess_fail_reply(s) : -1;
+			}
+			ns += part;
+		}
+		if (i == g->count)
+			break;
+		if (run_link(s, t->h.tag, g->e[i].l.prog, g->e[i].args,
+		    g->e[i].vals) == -1)
+			return wait ? sess_fail_reply(s) : -1;
+		nlinks++;
+		start = i + 1;
 	}
-	disarm_crash(s);
-	s->dirty = !wait;
+	if (nlinks > 0) {
+		if (link_flush(s, t->h.tag) == -1)
+			return wait ? sess_fail_reply(s) : -1;
+		if (wait) {	/* the device time and the links' */
+			s->dirty = 0;
+			if (s->be->sync(s->bs, s->err) == -1) {
+				sess_errorf(s, t->h.tag, PROTO_EDEVICE,
+				    "graph %u: %s", t->graph, s->err);
+				return sess_fail_reply(s);
+			}
+			ns = (uint64_t)(mono_ns() - t0);
+		}
+	}
 	if (wait)
 		log_debug("session %u: graph %u, %u kernels %10.2f us", s->id,
 		    t->graph, g->count, (double)ns / 1e3);

@@ -69,14 +69,77 @@ prune(struct session *s)
 			i++;
 }
 
+/*
+ * A new grant of this session, its number and secret filled in, the rest
+ * zero; NULL with the error queued (the reply of the request) when the
+ * session holds PROTO_MAX_GRANTS or memory is short. Sess_grant() and
+ * sess_listen() (link.c) fill in what it allows.
+ */
+struct peer_grant *
+peer_new_grant(struct session *s, uint32_t tag, uint32_t ttl)
+{
+	struct peer_grant *g;
+
+	prune(s);
+	if (ttl == 0 || ttl > PROTO_MAX_GRANT_TTL) {
+		sess_errorf(s, tag, PROTO_EINVAL, "a grant needs a ttl of 1 to "
+		    "%d s (ttl %u)", PROTO_MAX_GRANT_TTL, ttl);
+		return NULL;
+	}
+	if (s->ngrants >= PROTO_MAX_GRANTS) {
+		sess_errorf(s, tag, PROTO_ELIMIT, "session holds %d unused "
+		    "grants, the limit", PROTO_MAX_GRANTS);
+		return NULL;
+	}
+	if (s->grants == NULL && (s->grants = calloc(PROTO_MAX_GRANTS,
+	    sizeof(*s->grants))) == NULL) {
+		sess_errorf(s, tag, PROTO_ENOMEM, "no memory for a grant");
+		return NULL;
+	}
+	g = &s->grants[s->ngrants++];
+	memset(g, 0, sizeof(*g));
+	if (++s->grantseq == 0)
+		s->grantseq = 1;
+	g->id = (uint64_t)s->id << 32 | s->grantseq;
+	sess_random(g->secret, sizeof(g->secret));
+	g->expires = mono_ms() + (int64_t)ttl * 1000;
+	return g;
+}
+
+/* Forget the unused grant of link handle, if any (Tunlink). */
+void
+peer_drop_link_grant(struct session *s, uint32_t handle)
+{
+	uint32_t i;
+
+	for (i = 0; i < s->ngrants; i++)
+		if (s->grants[i].islink && s->grants[i].handle == handle) {
+			drop_grant(s, i);
+			return;
+		}
+}
+
+/* Rgrant, or Rlisten: the grant's number and secret. */
+int
+peer_send_grant(struct session *s, unsigned type, uint32_t tag,
+    const struct peer_grant *g)
+{
+	union proto_msg r;
+
+	memset(&r, 0, sizeof(r));
+	r.h.type = (uint16_t)type;
+	r.h.tag = tag;
+	r.rgrant.grant = g->id;
+	memcpy(r.rgrant.secret, g->secret, sizeof(g->secret));
+	return sess_reply(s, &r, NULL, 0);
+}
+
 int
 sess_grant(struct session *s, const struct proto_tgrant *t)
 {
 	struct buffer *b = htab_get(&s->bufs, t->handle);
 	struct peer_grant *g;
-	union proto_msg r;
 
-	prune(s);
 	if (b == NULL)
 		sess_errorf(s, t->h.tag, PROTO_EHANDLE, "no buffer with handle "
 		    "%u", t->handle);
@@ -90,31 +153,13 @@ sess_grant(struct session *s, const struct proto_tgrant *t)
 		sess_errorf(s, t->h.tag, PROTO_EINVAL, "a grant needs a count "
 		    "above 0 and a ttl of 1 to %d s (count %llu, ttl %u)",
 		    PROTO_MAX_GRANT_TTL, (unsigned long long)t->count, t->ttl);
-	else if (s->ngrants >= PROTO_MAX_GRANTS)
-		sess_errorf(s, t->h.tag, PROTO_ELIMIT, "session holds %d "
-		    "unused grants, the limit", PROTO_MAX_GRANTS);
-	else if (s->grants == NULL && (s->grants = calloc(PROTO_MAX_GRANTS,
-	    sizeof(*s->grants))) == NULL)
-		sess_errorf(s, t->h.tag, PROTO_ENOMEM, "no memory for a grant");
-	else
-		goto issue;
+	else if ((g = peer_new_grant(s, t->h.tag, t->ttl)) != NULL) {
+		g->handle = t->handle;
+		g->offset = t->offset;
+		g->count = t->count;
+		return peer_send_grant(s, PROTO_RGRANT, t->h.tag, g);
+	}
 	return sess_fail_reply(s);
-issue:
-	g = &s->grants[s->ngrants++];
-	if (++s->grantseq == 0)
-		s->grantseq = 1;
-	g->id = (uint64_t)s->id << 32 | s->grantseq;
-	sess_random(g->secret, sizeof(g->secret));
-	g->handle = t->handle;
-	g->offset = t->offset;
-	g->count = t->count;
-	g->expires = mono_ms() + (int64_t)t->ttl * 1000;
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RGRANT;
-	r.h.tag = t->h.tag;
-	r.rgrant.grant = g->id;
-	memcpy(r.rgrant.secret, g->secret, sizeof(g->secret));
-	return sess_reply(s, &r, NULL, 0);
 }
 
 int
@@ -164,7 +209,7 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	if (sess_flush(s) == -1)	/* queued replies go out before a wait */
 		return -2;
 	if ((fd = peer_connect(host, t->port, t->grant, t->secret, t->count,
-	    s->ctx->cfg->frame_timeout, cnonce, &code, s->err)) == -1) {
+	    0, s->ctx->cfg->frame_timeout, cnonce, &code, s->err)) == -1) {
 		sess_errorf(s, t->h.tag, code, "%s", s->err);
 		return sess_fail_reply(s);
 	}
@@ -192,9 +237,8 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	return sess_reply(s, &r, NULL, 0);
 }
 
-/* Refuse a peer: one Rerror on its connection, then close it. */
-static void
-refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
+void
+peer_refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
     const char *text)
 {
 	uint8_t frame[PROTO_HDR_SIZE + 8 + 256];
@@ -206,8 +250,8 @@ refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
 	close(fd);
 }
 
-static int
-send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
+int
+peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
 {
 	union proto_msg r;
 	uint8_t frame[sizeof(struct proto_rpeer) + 16];
@@ -244,25 +288,30 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	for (i = 0; i < s->ngrants && s->grants[i].id != p->grant; i++)
 		;
 	if (i == s->ngrants)
-		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "no such grant in "
+		return peer_refuse(s, fd, p->h.tag, PROTO_EGRANT, "no such grant in "
 		    "this session: never issued, already used or expired");
 	if (s->grants[i].expires <= mono_ms()) {
 		drop_grant(s, i);
-		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant "
+		return peer_refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant "
 		    "expired");
 	}
-	peer_mac(s->grants[i].secret, "metal_runner peer src", p->grant,
+	peer_mac(s->grants[i].secret, s->grants[i].islink ?
+	    "metal_runner link src" : "metal_runner peer src", p->grant,
 	    p->count, p->cnonce, mac);
 	/* A wrong proof does not use the grant up: whoever knows only its
 	 * number could otherwise spoil it for the client that holds it. */
 	if (!peer_mac_equal(mac, p->mac))
-		return refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant's "
+		return peer_refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant's "
 		    "proof is wrong");
 	g = s->grants[i];
 	drop_grant(s, i);	/* used: never again, whatever follows */
 	if (p->magic != PROTO_MAGIC) {
-		refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not a "
+		peer_refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not a "
 		    "metal_runner peer");
+		goto out;
+	}
+	if (g.islink) {
+		link_accept(s, fd, &g, p);
 		goto out;
 	}
 	if (p->count > g.count) {
@@ -270,12 +319,12 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		snprintf(text, sizeof(text), "the peer offers %llu bytes; the "
 		    "grant allows %llu", (unsigned long long)p->count,
 		    (unsigned long long)g.count);
-		refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
+		peer_refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
 		goto out;
 	}
 	if ((b = htab_get(&s->bufs, g.handle)) == NULL ||
 	    !range_ok(b->size, g.offset, p->count)) {
-		refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted buffer was "
+		peer_refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted buffer was "
 		    "freed or replaced since the grant");
 		goto out;
 	}
@@ -285,13 +334,13 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	if (s->dirty) {
 		s->dirty = 0;
 		if (s->be->sync(s->bs, s->err) == -1) {
-			refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+			peer_refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
 			goto out;
 		}
 	}
 	peer_mac(g.secret, "metal_runner peer dst", g.id, p->count, p->cnonce,
 	    mac);
-	if (send_rpeer(fd, p->h.tag, 0, mac) == -1 ||
+	if (peer_send_rpeer(fd, p->h.tag, 0, mac) == -1 ||
 	    peer_recv_all(fd, (uint8_t *)s->be->contents(b->b) + g.offset,
 	    (size_t)p->count) == -1) {
 		log_info("session %u: a peer's transfer broke off: %s", s->id,
@@ -301,7 +350,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	}
 	peer_mac(g.secret, "metal_runner peer done", g.id, p->count,
 	    p->cnonce, mac);
-	send_rpeer(fd, p->h.tag, p->count, mac);
+	peer_send_rpeer(fd, p->h.tag, p->count, mac);
 	close(fd);
 	log_info("session %u: received %llu bytes from a peer into buffer %u "
 	    "in %lld ms", s->id, (unsigned long long)p->count, g.handle,

@@ -48,6 +48,7 @@ struct broker_req {
 	uint64_t seq;
 	uint64_t grant, count;
 	uint8_t secret[PROTO_SECRET_SIZE];
+	int32_t link;
 	int32_t timeout_s;
 	uint16_t port;
 	char host[PROTO_MAX_PEER_HOST + 1];
@@ -228,8 +229,8 @@ connect_timed(const char *host, unsigned port, int timeout_s, uint32_t *code,
  */
 int
 peer_dial(const char *host, unsigned port, uint64_t grant,
-    const uint8_t *secret, uint64_t count, int timeout_s, uint8_t *cnonce,
-    uint32_t *code, char *err)
+    const uint8_t *secret, uint64_t count, int link, int timeout_s,
+    uint8_t *cnonce, uint32_t *code, char *err)
 {
 	union proto_msg m;
 	uint8_t frame[sizeof(struct proto_tpeer) + 64], mac[PROTO_MAC_SIZE];
@@ -246,8 +247,8 @@ peer_dial(const char *host, unsigned port, uint64_t grant,
 	m.tpeer.grant = grant;
 	m.tpeer.count = count;
 	memcpy(m.tpeer.cnonce, cnonce, PROTO_NONCE_SIZE);
-	peer_mac(secret, "metal_runner peer src", grant, count, cnonce,
-	    m.tpeer.mac);
+	peer_mac(secret, link ? "metal_runner link src" :
+	    "metal_runner peer src", grant, count, cnonce, m.tpeer.mac);
 	n = proto_put(frame, sizeof(frame), &m);
 	if (net_send_all(fd, frame, n) == -1) {
 		fail(code, PROTO_EPEER, err, "sending to the destination "
@@ -256,7 +257,8 @@ peer_dial(const char *host, unsigned port, uint64_t grant,
 	}
 	if (read_reply(fd, &m, code, err) == -1)
 		goto fail;
-	peer_mac(secret, "metal_runner peer dst", grant, count, cnonce, mac);
+	peer_mac(secret, link ? "metal_runner link dst" :
+	    "metal_runner peer dst", grant, count, cnonce, mac);
 	if (m.rpeer.count != 0 || !peer_mac_equal(mac, m.rpeer.mac)) {
 		fail(code, PROTO_EPEER, err, "the destination did not prove "
 		    "the grant: not the runner that issued it");
@@ -312,7 +314,7 @@ broker_serve(int sock, int timeout_s)
 		/* The runner's own frame timeout, never one a session asks
 		 * for: one broker serves all sessions, one at a time. */
 		fd = peer_dial(q.host, q.port, q.grant, q.secret, q.count,
-		    timeout_s, a.cnonce, &a.code, a.err);
+		    q.link, timeout_s, a.cnonce, &a.code, a.err);
 		if (fd != -1)
 			a.code = 0;
 		net_send_fd(rfd, &a, sizeof(a), fd);
@@ -415,8 +417,8 @@ peer_broker_attach(char *err)
 /* peer_dial() here, or by the broker for a session process. */
 int
 peer_connect(const char *host, unsigned port, uint64_t grant,
-    const uint8_t *secret, uint64_t count, int timeout_s, uint8_t *cnonce,
-    uint32_t *code, char *err)
+    const uint8_t *secret, uint64_t count, int link, int timeout_s,
+    uint8_t *cnonce, uint32_t *code, char *err)
 {
 	struct broker_req q;
 	struct broker_rep a;
@@ -431,12 +433,13 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 		    "connections (%s)", host);
 #endif
 	if (broker_fd == -1 || reply_fd[0] == -1)
-		return peer_dial(host, port, grant, secret, count, timeout_s,
-		    cnonce, code, err);
+		return peer_dial(host, port, grant, secret, count, link,
+		    timeout_s, cnonce, code, err);
 	memset(&q, 0, sizeof(q));
 	q.seq = ++broker_seq;
 	q.grant = grant;
 	q.count = count;
+	q.link = link;
 	memcpy(q.secret, secret, PROTO_SECRET_SIZE);
 	q.timeout_s = timeout_s;
 	q.port = (uint16_t)port;

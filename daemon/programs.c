@@ -21,6 +21,10 @@ kind_name(unsigned kind)
 		return "metallib";
 	case PROTO_PROG_METAL_SOURCE:
 		return "Metal source";
+	case PROTO_PROG_LINK_SEND:
+		return "link send";
+	case PROTO_PROG_LINK_RECV:
+		return "link receive";
 	}
 	return "unknown";
 }
@@ -79,17 +83,21 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	uint32_t tag = t->h.tag;
 	uint16_t cap;
 	size_t nargs = (size_t)t->nbufs + t->nvals;
+	int islink = t->kind == PROTO_PROG_LINK_SEND ||
+	    t->kind == PROTO_PROG_LINK_RECV;
 
 	if (htab_get(&s->progs, t->prog) != NULL)
 		return sess_errorf(s, tag, PROTO_EEXIST,
 		    "program handle %u is already in use", t->prog);
 	cap = t->kind == PROTO_PROG_CPU_IMAGE ? PROTO_CAP_CPU_IMAGE :
 	    t->kind == PROTO_PROG_METALLIB ? PROTO_CAP_METALLIB :
-	    t->kind == PROTO_PROG_METAL_SOURCE ? PROTO_CAP_METAL_SOURCE : 0;
+	    t->kind == PROTO_PROG_METAL_SOURCE ? PROTO_CAP_METAL_SOURCE :
+	    islink ? PROTO_CAP_LINK : 0;
 	if (cap == 0)
 		return sess_errorf(s, tag, PROTO_EINVAL,
 		    "unknown program kind %u", t->kind);
-	if ((s->ctx->info->caps & cap) == 0)
+	/* Every runner has links (handshake.c); the backend has the rest. */
+	if (!islink && (s->ctx->info->caps & cap) == 0)
 		return sess_errorf(s, tag, PROTO_EKIND, "backend %s does not "
 		    "accept %s programs", s->be->name, kind_name(t->kind));
 	if (t->namelen == 0 || t->namelen > PROTO_MAX_NAME ||
@@ -99,7 +107,9 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	if (!utf8_valid(body, t->namelen))
 		return sess_errorf(s, tag, PROTO_EINVAL, "kernel name is not "
 		    "valid UTF-8");
-	if (t->datalen == 0)
+	if (islink && link_check_load(s, t) == -1)
+		return -1;
+	if (t->datalen == 0 && !islink)
 		return sess_errorf(s, tag, PROTO_EINVAL,
 		    "program data is empty");
 	if (nargs > PROTO_MAX_ARGS)
@@ -118,6 +128,8 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 		return sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
 	}
 	memcpy(p->name, body, t->namelen);
+	p->kind = t->kind;
+	p->link = t->entry;	/* a link program's link */
 	p->nbufs = t->nbufs;
 	p->nvals = t->nvals;
 	memset(&d, 0, sizeof(d));
@@ -130,7 +142,9 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	d.name = p->name;
 	d.data = body + t->namelen;
 	d.datalen = t->datalen;
-	if ((p->p = s->be->load(s->bs, &d, s->err, &longerr)) == NULL) {
+	/* A link program is run by link.c: nothing for the backend. */
+	if (!islink && (p->p = s->be->load(s->bs, &d, s->err,
+	    &longerr)) == NULL) {
 		if (longerr != NULL) {
 			snprintf(prefix, sizeof(prefix), "cannot load %s: ",
 			    p->name);
@@ -143,7 +157,8 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 	}
 	if (htab_put(&s->progs, t->prog, p) == -1) {
 		sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
-		s->be->unload(s->bs, p->p);
+		if (p->p != NULL)
+			s->be->unload(s->bs, p->p);
 		goto fail;
 	}
 	log_debug("session %u: loaded %s (%s, %u bytes)", s->id, p->name,
@@ -158,7 +173,8 @@ fail:
 static void
 free_program(struct session *s, struct program *p)
 {
-	s->be->unload(s->bs, p->p);
+	if (p->p != NULL)
+		s->be->unload(s->bs, p->p);
 	s->nprogs--;
 	free(p);
 }

@@ -175,6 +175,22 @@ static const struct field f_tpeer[] = {
 static const struct field f_rpeer[] = {
 	FI(proto_rpeer, count, 16), FB(proto_rpeer, mac, 24)
 };
+static const struct field f_tlisten[] = {
+	FI(proto_tlisten, link, 12), FI(proto_tlisten, ttl, 16)
+};
+static const struct field f_tdial[] = {
+	FI(proto_tdial, link, 12), FI(proto_tdial, port, 16),
+	FI(proto_tdial, hostlen, 18), FI(proto_tdial, grant, 24),
+	FB(proto_tdial, secret, 32)
+};
+static const struct field f_tunlink[] = {
+	FI(proto_tunlink, link, 12)
+};
+
+static const struct field f_linkhdr[] = {
+	FI(proto_linkhdr, magic, 0), FI(proto_linkhdr, seq, 8),
+	FI(proto_linkhdr, channel, 16), FI(proto_linkhdr, count, 24)
+};
 
 /* Records inside a frame; offsets are from the start of the record. */
 static const struct field f_launch[] = {
@@ -250,7 +266,12 @@ static const struct msgdef msgs[] = {
 	[PROTO_TPEERSEND] = M("Tpeersend", 80, f_tpeersend),
 	[PROTO_RPEERSEND] = M("Rpeersend", 24, f_rtime),
 	[PROTO_TPEER] = M("Tpeer", 96, f_tpeer),
-	[PROTO_RPEER] = M("Rpeer", 56, f_rpeer)
+	[PROTO_RPEER] = M("Rpeer", 56, f_rpeer),
+	[PROTO_TLISTEN] = M("Tlisten", 20, f_tlisten),
+	[PROTO_RLISTEN] = M("Rlisten", 56, f_rgrant),
+	[PROTO_TDIAL] = M("Tdial", 64, f_tdial),
+	[PROTO_RDIAL] = M("Rdial", 24, f_rtime),
+	[PROTO_TUNLINK] = M("Tunlink", 16, f_tunlink)
 };
 
 static const char *const errnames[] = {
@@ -498,6 +519,12 @@ proto_check_size(const union proto_msg *m, char *err)
 			return fail(err, "Tpeersend frame size %" PRIu32 " is not "
 			    "its %" PRIu32 "-byte fixed part + hostlen %u", size,
 			    d->size, (unsigned)m->tpeersend.hostlen);
+		return 0;
+	case PROTO_TDIAL:
+		if (!size_is(size, d->size, m->tdial.hostlen))
+			return fail(err, "Tdial frame size %" PRIu32 " is not "
+			    "its %" PRIu32 "-byte fixed part + hostlen %u", size,
+			    d->size, (unsigned)m->tdial.hostlen);
 		return 0;
 	case PROTO_TWRITE:
 		if (!size_is(size, d->size, m->twrite.count))
@@ -748,4 +775,26 @@ proto_error_name(unsigned code)
 	if (code >= nitems(errnames) || errnames[code] == NULL)
 		return "unknown";
 	return errnames[code];
+}
+
+void
+proto_put_linkhdr(uint8_t *buf, uint64_t seq, uint64_t channel,
+    uint64_t count)
+{
+	struct proto_linkhdr h;
+
+	memset(&h, 0, sizeof(h));
+	memset(buf, 0, PROTO_LINK_HDR_SIZE);
+	h.magic = PROTO_LINK_MAGIC;
+	h.seq = seq;
+	h.channel = channel;
+	h.count = count;
+	put_fields(buf, f_linkhdr, nitems(f_linkhdr), &h);
+}
+
+void
+proto_get_linkhdr(const uint8_t *buf, struct proto_linkhdr *h)
+{
+	memset(h, 0, sizeof(*h));
+	get_fields(buf, f_linkhdr, nitems(f_linkhdr), h);
 }

@@ -53,6 +53,9 @@ union proto_msg {
 	struct proto_tpeersend tpeersend;	/* Rpeersend is a proto_rtime */
 	struct proto_tpeer tpeer;
 	struct proto_rpeer rpeer;
+	struct proto_tlisten tlisten;		/* Rlisten is a proto_rgrant */
+	struct proto_tdial tdial;		/* Rdial is a proto_rtime */
+	struct proto_tunlink tunlink;
 };
 
 /* Size of the fixed part (header included) of a message type, 0 if the
@@ -72,7 +75,7 @@ int proto_check_hdr(const struct proto_hdr *h, uint32_t maxmsg, char *err);
 int proto_get(const uint8_t *buf, size_t len, union proto_msg *m, char *err);
 /* For a decoded request, check that h.size agrees with the counts in its
  * fixed fields (Twrite.count, Tping.count, Tload.namelen + datalen,
- * Tlaunch nbufs/nvals, Tgraphrun.count; Tgraph records are checked while
+ * Tlaunch nbufs/nvals, Tgraphrun.count, Tdial.hostlen; Tgraph records are checked while
  * they are decoded). A failure is a framing error. */
 int proto_check_size(const union proto_msg *m, char *err);
 
@@ -105,6 +108,11 @@ size_t proto_put_rerror(uint8_t *buf, size_t cap, uint32_t tag, uint32_t code,
     const char *text);
 size_t proto_put_rerror_n(uint8_t *buf, size_t cap, uint32_t tag,
     uint32_t code, const char *text, size_t maxtext);
+
+/* A link message's 32-byte header (protocol.md, Links between runners). */
+void proto_put_linkhdr(uint8_t *buf, uint64_t seq, uint64_t channel,
+    uint64_t count);
+void proto_get_linkhdr(const uint8_t *buf, struct proto_linkhdr *h);
 
 /* CRC-32 (IEEE 802.3, as zlib's crc32): crc = proto_crc32(0, p, n). */
 uint32_t proto_crc32(uint32_t crc, const uint8_t *p, size_t n);

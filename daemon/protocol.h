@@ -43,6 +43,8 @@
 #define PROTO_MAX_PEER_HOST 255		/* Tpeersend hostlen */
 #define PROTO_RREAD_INLINE 4096		/* larger Rread data: kept by reference */
 #define PROTO_RESUME_REFS 8		/* Rreads kept by reference (CAP_ACK) */
+#define PROTO_LINK_MAGIC 0x4b4e4c4d	/* the bytes "MLNK": a link message */
+#define PROTO_LINK_HDR_SIZE 32		/* a link message's header */
 
 /* Message types: a T-message is a request, its R-message the reply (T+1). */
 enum proto_type {
@@ -73,7 +75,11 @@ enum proto_type {
 	 * Tpeer and Rpeer travel only on a peer connection, never a session. */
 	PROTO_TGRANT = 40,	PROTO_RGRANT = 41,
 	PROTO_TPEERSEND = 42,	PROTO_RPEERSEND = 43,
-	PROTO_TPEER = 44,	PROTO_RPEER = 45
+	PROTO_TPEER = 44,	PROTO_RPEER = 45,
+	/* Links between runners (protocol.md, Links between runners). */
+	PROTO_TLISTEN = 52,	PROTO_RLISTEN = 53,	/* CAP_LINK */
+	PROTO_TDIAL = 54,	PROTO_RDIAL = 55,	/* CAP_LINK */
+	PROTO_TUNLINK = 56				/* CAP_LINK, no reply */
 };
 
 /* hdr.flags */
@@ -124,14 +130,17 @@ enum proto_cap {
 	PROTO_CAP_CACHE = 64,		/* a content cache: Thave, Twritehash, FCACHE */
 	PROTO_CAP_RESUME = 256,		/* sessions survive a dropped link */
 	PROTO_CAP_ACK = 512,		/* accepts Tack (with CAP_RESUME) */
-	PROTO_CAP_PEER = 128		/* accepts Tgrant, Tpeersend and peers */
+	PROTO_CAP_PEER = 128,		/* accepts Tgrant, Tpeersend and peers */
+	PROTO_CAP_LINK = 1024		/* links: Tlisten, Tdial, Tunlink, link programs */
 };
 
 /* Tload.kind */
 enum proto_prog_kind {
 	PROTO_PROG_CPU_IMAGE = 1,	/* relocated position-independent machine code */
 	PROTO_PROG_METALLIB = 2,	/* a compiled Metal library (MTLB) */
-	PROTO_PROG_METAL_SOURCE = 3	/* Metal Shading Language source text */
+	PROTO_PROG_METAL_SOURCE = 3,	/* Metal Shading Language source text */
+	PROTO_PROG_LINK_SEND = 4,	/* CAP_LINK: send a buffer range on a link */
+	PROTO_PROG_LINK_RECV = 5	/* CAP_LINK: receive a link message into one */
 };
 
 /* Tload.arch (CPU images; 0 for Metal programs) */
@@ -517,6 +526,41 @@ struct proto_rpeer {
 	uint32_t pad;
 	uint64_t count;
 	uint8_t mac[32];
+};
+
+/* size[4] Tlisten tag[4] link[4] ttl[4]; Rlisten is a proto_rgrant */
+struct proto_tlisten {
+	struct proto_hdr h;
+	uint32_t link;
+	uint32_t ttl;
+};
+
+/* size[4] Tdial tag[4] link[4] port[2] hostlen[2] pad[4] grant[8]
+ *   secret[32] host[hostlen]; Rdial is a proto_rtime */
+struct proto_tdial {
+	struct proto_hdr h;
+	uint32_t link;
+	uint16_t port;
+	uint16_t hostlen;
+	uint32_t pad;
+	uint64_t grant;
+	uint8_t secret[32];
+};
+
+/* size[4] Tunlink tag[4] link[4] */
+struct proto_tunlink {
+	struct proto_hdr h;
+	uint32_t link;
+};
+
+/* A message on a link (not a frame): magic[4] pad[4] seq[8] channel[8]
+ *   count[8] data[count] */
+struct proto_linkhdr {
+	uint32_t magic;
+	uint32_t pad;
+	uint64_t seq;
+	uint64_t channel;
+	uint64_t count;
 };
 
 #endif

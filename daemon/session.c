@@ -420,6 +420,7 @@ changes_buffers(unsigned type)
 	case PROTO_TPING: case PROTO_TSYNC: case PROTO_TREAD:
 	case PROTO_TCLOCK: case PROTO_TPROFILE: case PROTO_THAVE:
 	case PROTO_TGRANT: case PROTO_TPEERSEND: case PROTO_TACK:
+	case PROTO_TLISTEN: case PROTO_TDIAL: case PROTO_TUNLINK:
 	case PROTO_TLOAD: case PROTO_TUNLOAD: case PROTO_TGRAPH:
 	case PROTO_TGRAPHFREE: case PROTO_TALLOC: case PROTO_TRESUMEKEY:
 		return 0;
@@ -436,7 +437,7 @@ answered(const struct proto_hdr *h)
 	case PROTO_TSYNC: case PROTO_TREAD: case PROTO_TCLOCK:
 	case PROTO_TPROFILE: case PROTO_THAVE: case PROTO_TRESUMEKEY:
 	case PROTO_TRESUME: case PROTO_TGRANT:
-	case PROTO_TPEERSEND:
+	case PROTO_TPEERSEND: case PROTO_TLISTEN: case PROTO_TDIAL:
 		return 1;
 	case PROTO_TLAUNCH: case PROTO_TGRAPHRUN:
 		return (h->flags & PROTO_FWAIT) != 0;
@@ -538,6 +539,15 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 		break;
 	case PROTO_TPEERSEND:
 		rc = sess_peersend(s, &m->tpeersend, body);
+		break;
+	case PROTO_TLISTEN:
+		rc = sess_listen(s, &m->tlisten);
+		break;
+	case PROTO_TDIAL:
+		rc = sess_dial(s, &m->tdial, body);
+		break;
+	case PROTO_TUNLINK:
+		rc = sess_unlink(s, &m->tunlink);
 		break;
 	case PROTO_TPEER:
 		return sess_fatal(s, m->h.tag, PROTO_ESTATE, "Tpeer is only the "
@@ -700,6 +710,7 @@ done:
 		s->be->session_close(s->bs);
 	sess_prof_free(s);
 	cache_link_close(s->cache);
+	sess_links_free(s);	/* before the grants its listening links hold */
 	sess_peer_free(s);
 	mr_session_leave(slot);
 	resume_end(s);

@@ -29,7 +29,9 @@ struct buffer {
 };
 
 struct program {
-	struct be_program *p;
+	struct be_program *p;	/* NULL for a link program (link.c) */
+	uint16_t kind;		/* PROTO_PROG_* */
+	uint32_t link;		/* a link program's link handle */
 	uint16_t nbufs;
 	uint16_t nvals;
 	char name[PROTO_MAX_NAME + 1];
@@ -48,10 +50,12 @@ struct graph {
 
 enum sess_state { S_HELLO, S_AUTH, S_READY };
 
-/* A grant this session issued (peer.c): one range of one buffer, once. */
+/* A grant this session issued (peer.c): one range of one buffer, once;
+ * or (islink, Tlisten) the one peer that may connect to link handle. */
 struct peer_grant {
 	uint64_t id;		/* session id << 32 | sequence number */
 	uint8_t secret[PROTO_SECRET_SIZE];
+	int islink;
 	uint32_t handle;
 	uint64_t offset, count;
 	int64_t expires;	/* ms, monotonic */
@@ -107,6 +111,12 @@ struct session {
 	struct peer_grant *grants;
 	uint32_t ngrants, grantseq;
 	int inbox;
+
+	/* link.c: links to and from sessions of other runners, by handle,
+	 * and in a list (to flush what they still have to send). */
+	struct htab links;
+	uint32_t nlinks;
+	struct link *linklist;
 
 	char err[PROTO_ERRLEN];
 };
@@ -218,6 +228,17 @@ void resume_end(struct session *s);
 int sess_grant(struct session *s, const struct proto_tgrant *t);
 int sess_peersend(struct session *s, const struct proto_tpeersend *t,
     const uint8_t *body);
+/* For link.c: a new grant (NULL: error queued), dropping a link's unused
+ * grant, and the Rgrant-shaped reply (Rgrant or Rlisten). */
+struct peer_grant *peer_new_grant(struct session *s, uint32_t tag,
+    uint32_t ttl);
+/* Refuse a peer: one Rerror on its connection, then close it. */
+void peer_refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
+    const char *text);
+int peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac);
+void peer_drop_link_grant(struct session *s, uint32_t handle);
+int peer_send_grant(struct session *s, unsigned type, uint32_t tag,
+    const struct peer_grant *g);
 /* A connection whose first frame is a Tpeer: hand it to its session. */
 int sess_peer_route(struct session *s, const union proto_msg *m,
     const uint8_t *frame);
@@ -228,6 +249,28 @@ int sess_peer_wait(struct session *s);
 /* Take one peer connection waiting in the inbox (s->inbox readable). */
 void sess_peer_take(struct session *s);
 void sess_peer_free(struct session *s);
+
+/* link.c: links between runners (protocol.md, Links between runners) */
+int sess_listen(struct session *s, const struct proto_tlisten *t);
+int sess_dial(struct session *s, const struct proto_tdial *t,
+    const uint8_t *body);
+int sess_unlink(struct session *s, const struct proto_tunlink *t);
+/* A peer connection that proved link grant g (peer.c): it becomes the
+ * link's stream. */
+void link_accept(struct session *s, int fd, const struct peer_grant *g,
+    const struct proto_tpeer *p);
+/* Tload of a link program: its shape (nothing for the backend to load). */
+int link_check_load(struct session *s, const struct proto_tload *t);
+/* Resolve a link program's launch record as launch.c resolves a kernel's. */
+int link_check(struct session *s, uint32_t tag, const struct program *p,
+    const struct proto_arg *args, const int64_t *vals);
+/* Run it: send the range, or receive the link's next message into it. The
+ * session's earlier work has completed. 0, or -1 with the error queued. */
+int link_run(struct session *s, uint32_t tag, const struct program *p,
+    const struct proto_arg *args, const int64_t *vals);
+/* After a run that sent on links: wait until they took every byte. */
+int link_flush(struct session *s, uint32_t tag);
+void sess_links_free(struct session *s);
 
 /* peer_net.c: the connection from a source runner to a destination */
 /* The unix sockets that carry peer sockets and broker requests keep
@@ -241,12 +284,13 @@ void sess_peer_free(struct session *s);
 #endif
 void peer_mac(const uint8_t *secret, const char *label, uint64_t grant,
     uint64_t count, const uint8_t *cnonce, uint8_t out[32]);
+/* link: prove a link grant (its own labels; count is 0) instead of a copy's */
 int peer_dial(const char *host, unsigned port, uint64_t grant,
-    const uint8_t *secret, uint64_t count, int timeout_s, uint8_t *cnonce,
-    uint32_t *code, char *err);
+    const uint8_t *secret, uint64_t count, int link, int timeout_s,
+    uint8_t *cnonce, uint32_t *code, char *err);
 int peer_connect(const char *host, unsigned port, uint64_t grant,
-    const uint8_t *secret, uint64_t count, int timeout_s, uint8_t *cnonce,
-    uint32_t *code, char *err);
+    const uint8_t *secret, uint64_t count, int link, int timeout_s,
+    uint8_t *cnonce, uint32_t *code, char *err);
 int peer_finish(int fd, uint64_t grant, const uint8_t *secret,
     const uint8_t *cnonce, uint64_t count, uint32_t *code, char *err);
 int peer_mac_equal(const uint8_t *a, const uint8_t *b);

@@ -44,7 +44,8 @@ MEMBER = {P.RERROR: "rerror", P.THELLO: "thello", P.RHELLO: "rhello", P.TAUTH: "
           P.TCLOCK: "sync", P.RCLOCK: "rclock", P.TPROFILE: "tprofile", P.RPROFILE: "rprofile",
           P.THAVE: "have", P.RHAVE: "have", P.TWRITEHASH: "twritehash", P.TRESUMEKEY: "tresumekey",
           P.RRESUMEKEY: "rresumekey", P.TRESUME: "tresume", P.RRESUME: "rresume", P.TACK: "tack",
-          P.TGRANT: "tgrant", P.RGRANT: "rgrant", P.TPEERSEND: "tpeersend", P.RPEERSEND: "rtime", P.TPEER: "tpeer", P.RPEER: "rpeer"}
+          P.TGRANT: "tgrant", P.RGRANT: "rgrant", P.TPEERSEND: "tpeersend", P.RPEERSEND: "rtime", P.TPEER: "tpeer", P.RPEER: "rpeer",
+          P.TLISTEN: "tlisten", P.RLISTEN: "rgrant", P.TDIAL: "tdial", P.RDIAL: "rtime", P.TUNLINK: "tunlink"}
 # C member path -> Python field name where they differ (the header already has a "size")
 RENAME = {("proto_talloc", "size"): "bufsize"}
 

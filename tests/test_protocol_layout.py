@@ -13,12 +13,13 @@ ENUMS = re.findall(r"^enum (proto_\w+) \{", HDR_TEXT, re.M)
 DEFINES = re.findall(r"^#define (PROTO_\w+)\s+(?:0x[0-9a-fA-F]+|\d+)", HDR_TEXT, re.M)
 
 def py_layouts() -> dict:
-  out = {"proto_hdr": [P.HDR], "proto_launch": [P.LAUNCH], "proto_arg": [P.ARG], "proto_patch": [P.PATCH], "proto_prof": [P.PROF]}
+  out = {"proto_hdr": [P.HDR], "proto_launch": [P.LAUNCH], "proto_arg": [P.ARG], "proto_patch": [P.PATCH], "proto_prof": [P.PROF],
+         "proto_linkhdr": [P.LINKHDR]}
   for t, member in MEMBER.items(): out.setdefault(f"proto_{member}", []).append(P.MSGS[t])
   return out
 
 def test_every_struct_has_a_python_layout():
-  assert len(STRUCTS) == 40 and set(STRUCTS) == set(py_layouts())
+  assert len(STRUCTS) == 44 and set(STRUCTS) == set(py_layouts())
 
 @pytest.mark.parametrize("struct", STRUCTS)
 def test_struct_layout(struct):
@@ -34,14 +35,14 @@ def test_fixed_sizes_and_request_types():
     assert lib.proto_fixed_size(t) == (P.MSGS[t].size if t in P.MSGS else 0), t
     assert lib.proto_is_request(t) == P.is_request(t), t
   assert lib.proto_fixed_size(0xffffffff) == 0 and lib.proto_fixed_size(65536 + P.TLOAD) == 0
-  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50]
+  assert sorted(t for t in P.MSGS if P.is_request(t)) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56]
 
 def test_constants():
   ffi, lib = build()
-  assert len(DEFINES) == 20 and len(ENUMS) == 11
+  assert len(DEFINES) == 22 and len(ENUMS) == 11
   names = {n: getattr(lib, n) for n in DEFINES}
   for e in ENUMS: names.update(ffi.typeof(f"enum {e}").relements)
-  assert len(names) == 20 + 41 + 2 + 21 + 2 + 10 + 3 + 4 + 4 + 2 + 2 + 5
+  assert len(names) == 22 + 46 + 2 + 21 + 2 + 11 + 5 + 4 + 4 + 2 + 2 + 5
   for n, v in names.items(): assert getattr(P, n.removeprefix("PROTO_")) == v, n
   assert P.MAGIC.to_bytes(4, "little") == b"MTLR"
 
@@ -116,7 +117,23 @@ VECTORS = [
   (P.RPEERSEND, 0, 19, dict(ns=0xffffffff00000001), b""),
   (P.TPEER, 0, 20, dict(magic=P.MAGIC, grant=(1 << 64) - 1, count=0x8000000000000000, cnonce=rb(32), mac=rb(32)), b""),
   (P.RPEER, 0, 20, dict(count=0xa1a2a3a4a5a6a7a8, mac=rb(32)), b""),
+  (P.TLISTEN, 0, 21, dict(link=0xfffffff5, ttl=P.MAX_GRANT_TTL), b""),
+  (P.RLISTEN, 0, 21, dict(grant=0x0000000700000009, secret=rb(32)), b""),
+  (P.TDIAL, 0, 22, dict(link=0x80000003, port=6667, hostlen=9, grant=0xfedcba9800000002, secret=rb(32)), b"127.0.0.1"),
+  (P.RDIAL, 0, 22, dict(ns=0x0102030405060708), b""),
+  (P.TUNLINK, 0, 23, dict(link=0xffffffff), b""),
 ]
+
+def test_link_header():
+  """A link message's header (not a frame): proto.c and client/protocol.py write the same 32 bytes and read back the same fields."""
+  ffi, lib = build()
+  buf = ffi.new("uint8_t[]", P.LINK_HDR_SIZE)
+  lib.proto_put_linkhdr(buf, 0x0102030405060708, 0xfffffffffffffffe, 1 << 40)
+  want = P.LINKHDR.pack(magic=P.LINK_MAGIC, seq=0x0102030405060708, channel=0xfffffffffffffffe, count=1 << 40)
+  assert bytes(ffi.buffer(buf)) == want and want[:4] == b"MLNK"
+  h = ffi.new("struct proto_linkhdr *")
+  lib.proto_get_linkhdr(want, h)
+  assert (h.magic, h.seq, h.channel, h.count) == (P.LINK_MAGIC, 0x0102030405060708, 0xfffffffffffffffe, 1 << 40)
 
 def test_vectors_cover_every_type():
   assert {v[0] for v in VECTORS} == set(P.MSGS)
