@@ -159,6 +159,7 @@ class Runner:
     self.cache = os.environ.get("METAL_RUNNER_CACHE", "1") != "0" if cache is None else cache
     self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends
     self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
+    self.link_faults = 0   # EPEER errors seen: copies or links between runners that failed
     self._tag, self._handle, self._out, self._dead = 0, 0, bytearray(), None
     self._rbuf, self._rpos, self._rlen = bytearray(65536), 0, 0
     self._rview = memoryview(self._rbuf)
@@ -688,6 +689,7 @@ class Runner:
             continue
           if t == P.RERROR:
             errors.append(e)
+            if e.code == P.EPEER: self.link_faults += 1   # a link of this session broke (client/graph.py makes new ones)
             if f["tag"] == tag: break
             continue
           if t != rtype or f["tag"] != tag:

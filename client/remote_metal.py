@@ -7,18 +7,16 @@
 # A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback).
 from __future__ import annotations
 import atexit, contextlib, hashlib, os, pathlib, re, select, signal, socket, subprocess, sys, threading, types
-from typing import cast
-from tinygrad.device import Buffer, BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
-from tinygrad.engine.jit import GraphRunner
+from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
-from tinygrad.uop.ops import UOp
-from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError, parse_addr
+from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, CAP_PROFILE, CAP_PEER, EAUTH, EPEER, patch as pack_patch
+from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import RunnerUnavailable, runner_addrs
+from client.graph import RemoteGraph, dims, peer_addr, unreachable
 
 DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
 
@@ -199,7 +197,6 @@ PEER = getenv("METAL_RUNNER_PEER", 1)
 # A direct copy waits for a grant, then for the source to connect and both sides to prove the grant: several round trips, against one
 # (a read) through this host. It pays off only when the bytes, not the round trips, dominate; smaller copies go through this host.
 PEER_MIN = getenv("METAL_RUNNER_PEER_MIN", 1 << 20)
-unreachable: set[tuple[str, str]] = set()   # (source, destination) runner addresses whose direct copy failed to connect: not tried again
 
 def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) -> bool:
   """Copy sz bytes straight from the source runner to the destination runner: a one-time grant from the destination's session, which the
@@ -208,7 +205,7 @@ def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) ->
   s, d = src_dev.runner, dest_dev.runner
   if not PEER or sz < PEER_MIN or not s.info.caps & d.info.caps & CAP_PEER or (s.addr, d.addr) in unreachable: return False
   grant, secret = d.grant(dest[0], dest[1], sz)
-  host, port = parse_addr(d.addr)   # the destination as this host reaches it; the source must reach it there too, or the copy falls back
+  host, port = peer_addr(d.addr)   # where the source reaches the destination (client/graph.py); unreachable: the copy falls back
   # profiling: the whole copy as the host waits for it, on <destination>:NET (the runners record no COPY event for it)
   prof = cpu_profile(TracingKey(f"{src_dev.device} -> {dest_dev.device}", ret=sz, tb=None), f"{dest_dev.device}:NET") \
     if dest_dev.profiler is not None else contextlib.nullcontext()
@@ -220,47 +217,6 @@ def peer_copy(dest, src, sz:int, src_dev:RemoteDevice, dest_dev:RemoteDevice) ->
     if DEBUG >= 1: print(f"{src_dev.device} -> {dest_dev.device}: {e}; copying through this host", file=sys.stderr)
     return False
   return True
-
-class RemoteGraph(GraphRunner):
-  """A TinyJit batch: sent once as a runner graph (on the first call, when every symbolic value is known); each call is one Tgraphrun
-  carrying only patches: JIT input buffers, symbolic values and launch dims."""
-  def __init__(self, linear:UOp, input_uops:tuple[UOp, ...]=()):
-    super().__init__(linear, input_uops)   # self.runtimes keeps the graph's RemotePrograms, so their handles stay loaded while it lives
-    self.dev, self.gid = cast(RemoteDevice, Device[self.calls[0][2][0].device]), None
-    # kernel buffer index of each call argument (calls list all arguments, kernels take ast.arg.globals)
-    self.bufidx = [{a: i for i, a in enumerate(ast.arg.globals)} for _, ast, _, _ in self.calls]
-    # the patches of a call follow from its input buffers and symbolic values alone, so a Tgraphrun body is packed once per such set:
-    # a JIT step alternating between a few input batches sends a cached body (README, "Over a network": the time of this call)
-    self.inputs = sorted({iidx for j, rep in enumerate(self.uop_replace) for pos, iidx in rep if pos in self.bufidx[j]})
-    self.bodies: dict[tuple, tuple[bytes, int]] = {}
-
-  def _define(self, var_vals:dict[str, int]):
-    records = []
-    for (_, ast, bufs, dvars), rt in zip(self.calls, self.runtimes):
-      vals = [0 if v.expr in ast.arg.runtimevars else {**var_vals, **dvars}[v.expr] for v in ast.arg.vars]
-      gs, ls = ast.arg.launch_dims({**var_vals, **dvars})
-      records.append((cast(RemoteProgram, rt).prog, [bufs[a]._buf[:2] for a in ast.arg.globals], vals, dims(gs), dims(ls or (1,1,1))))
-    self.dev.runner.graph(gid:=self.dev.new_handle(), records)
-    self.gid = gid
-
-  def __call__(self, input_uops:tuple[UOp, ...], var_vals:dict[str, int], wait=False) -> float|None:
-    if self.gid is None: self._define(var_vals)
-    bufs = {iidx: cast(Buffer, input_uops[iidx].buffer)._buf[:2] for iidx in self.inputs}
-    key = (*bufs.values(), *var_vals.items())
-    if (packed:=self.bodies.get(key)) is None:
-      patches = [(j, PATCH_BUF, self.bufidx[j][pos], *bufs[iidx])
-                 for j, rep in enumerate(self.uop_replace) for pos, iidx in rep if pos in self.bufidx[j]]
-      patches += [(j, PATCH_VAL, i, 0, v) for j, i, v in self.updated_vars(var_vals)]
-      for j, gs, ls in self.updated_launch_dims(var_vals):
-        patches += [(j, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, dims(gs)), (PATCH_LOCAL, dims(ls))) for d, x in enumerate(size)]
-      if len(self.bodies) >= 64: self.bodies.clear()   # e.g. a symbolic value that keeps changing: bounded, packed anew
-      packed = self.bodies[key] = (b"".join(pack_patch(*p) for p in patches), len(patches))
-    if self.dev.profiler is not None: self.dev.profiler.issued(len(self.calls))
-    return self.dev.runner.graph_run(cast(int, self.gid), body=packed, wait=wait)
-
-  @suppress_finalizing
-  def __del__(self):
-    if self.gid is not None: self.dev.later("graph_free", self.gid)
 
 class RemoteDevice(Compiled):
   def __init__(self, device:str):
@@ -351,11 +307,6 @@ def use_runner_by_default():
     if (left:=connected.pop(addrs[0], None)) is not None: left.close()   # METAL_RUNNER=auto: the device's own discovery chose another
 
 def frames(nbytes:int, step:int) -> int: return max(1, -(-nbytes // step))   # Twrite/Tread frames (and so profile records) of a copy
-
-def dims(d) -> tuple[int, int, int]:
-  if len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int and d[0] > 0 and d[1] > 0 and d[2] > 0: return d
-  if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
-  return cast(tuple[int, int, int], tuple(int(x) for x in d) + (1,) * (3 - len(d)))
 
 # *** install: Device["METAL"] and Device["REMOTE"] import tinygrad.runtime.ops_<name> and take its <NAME>Device class
 
