@@ -155,6 +155,7 @@ class RemoteGraph(MultiGraphRunner):
 
   def __call__(self, input_uops:tuple[UOp, ...], var_vals:dict[str, int], wait=False) -> float|None:
     if self.faults != sum(d.runner.link_faults for d in self.devs):   # a link broke (or was never made): new links, new graphs
+      if self.plan: self._recover()
       self._free()
       self._define(var_vals)
     bodies = dict(zip(self.parts, self._bodies(input_uops, var_vals)))
@@ -168,6 +169,14 @@ class RemoteGraph(MultiGraphRunner):
     if not wait: return None
     for d in self.devs: d.runner.sync()
     return time.perf_counter() - t0
+
+  def _recover(self):
+    """A link broke in an earlier run: EPEER, raised to the program by the call that saw it. The other runners' errors of that run
+    (their end of the link broke too) are its echo, not news: take them now, so the next run starts clean."""
+    for d in self.devs:
+      try: d.runner.sync()
+      except RunnerError as e:
+        if any(x.code != EPEER for x in [e, *getattr(e, "others", [])]): raise
 
   def _host_copy(self, j:int, input_uops:tuple[UOp, ...]):
     bufs = list(self.calls[j][2])
