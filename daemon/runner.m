@@ -431,6 +431,44 @@ fail:
 
 /* ---- device ---- */
 
+/*
+ * Compile a one-line kernel from source (with the standard header, as
+ * tinygrad's kernels have it), as ggml-metal compiles its library
+ * when it opens the device. Source goes through Apple's compiler service
+ * (MTLCompilerService, over XPC), which processes that launchd starts as
+ * daemons have been reported unable to reach ("Unable to reach
+ * MTLCompilerService ... Connection init failed"): such a runner would
+ * advertise source, answer the handshake and fail every kernel. Metallibs do
+ * not need the service. Not seen on a Mac by this project: the Metal
+ * emulator's METAL_EMU_NO_COMPILER=1 stands in for it. Returns 0, or -1 with
+ * the whole error text in *why (malloc'd; the caller frees it).
+ */
+static int
+mtl_probe(char **why)
+{
+	static const char src[] = "#include <metal_stdlib>\n"
+	    "kernel void mtl_probe(device int *out) { out[0] = 1; }\n";
+	struct be_program_desc d;
+	id <MTLComputePipelineState> pipe;
+	char err[BE_ERR_MAX];
+
+	memset(&d, 0, sizeof(d));
+	d.kind = PROTO_PROG_METAL_SOURCE;
+	d.name = "mtl_probe";
+	d.data = (const uint8_t *)src;
+	d.datalen = sizeof(src) - 1;
+	*why = NULL;
+	/* The same compile, options and pipeline as a client's source. */
+	pipe = mtl_compile(&d, err, why);
+	if (pipe != nil) {
+		[pipe release];
+		return 0;
+	}
+	if (*why == NULL)
+		*why = strdup(err);
+	return -1;
+}
+
 /* Rhello.arch: the newest Apple GPU family the device supports ("Apple10"
  * ... "Apple1"), else "Mac2". */
 static const char *
@@ -501,6 +539,7 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	NSArray<id <MTLDevice>> *all = nil;
 	unsigned long idx = 0;
 	const char *p, *name;
+	char *why = NULL;
 
 	if (device == NULL || *device == '\0') {
 		/* Take the system's default GPU. */
@@ -556,6 +595,20 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	snprintf(info->name, sizeof(info->name), "%s",
 	    name != NULL ? name : "Metal device");
 	snprintf(info->arch, sizeof(info->arch), "%s", mtl_family(mtl_dev));
+	/* Check that source compiles here; offer it only if it does. */
+	if (mtl_probe(&why) == -1) {
+		info->caps &= (uint16_t)~PROTO_CAP_METAL_SOURCE;
+		log_warn("metal: a one-line test kernel does not compile here "
+		    "(%s), so this runner does not offer Metal source (no "
+		    "CAP_METAL_SOURCE in Rhello) and serves metallibs only. "
+		    "Apple's compiler service, MTLCompilerService, is reported "
+		    "out of reach for Metal in a process that launchd starts "
+		    "as a LaunchDaemon: run the runner in a logged-in user's "
+		    "session instead, or have clients send metallibs compiled "
+		    "on a Mac (docs/service.md, \"The Metal compiler service\")",
+		    why != NULL ? why : "Metal compile failed: out of memory");
+		free(why);
+	}
 	return 0;
 
 fail:

@@ -298,3 +298,33 @@ def test_log_level_changes_nothing_a_client_sees():
       c.close()
     finally:
       r.stop()
+
+# *** issue 26, item 2: Apple's compiler service (MTLCompilerService, reached over XPC) out of reach, as reported for Metal in
+# launchd daemons: the runner finds out when it opens the device (it compiles a one-line kernel), says why and what to do in its
+# log, and stops offering source; before, it advertised source, answered the handshake and failed every kernel
+
+def test_unreachable_compiler_service_drops_the_source_capability():
+  r = emulated(METAL_EMU_NO_COMPILER=1)
+  try:
+    c = Raw(r.addr)
+    caps = c.info["caps"]
+    assert caps & P.CAP_METALLIB and not caps & P.CAP_METAL_SOURCE, caps
+    # a client that sends source anyway is refused at once (EKIND), not after a compile that cannot work
+    tag = load(c, 1, ADD1, 2)
+    errs = c.until_pong()
+    assert [(code, etag) for code, etag, _ in errs] == [(P.EKIND, tag)] and "Metal source" in errs[0][2], errs
+    c.close()
+    log = r.log_text(0)
+  finally:
+    r.stop()
+  # the log has the NSError's own text, what the runner does about it, and where the fix is
+  line = next((ln for ln in log.splitlines() if "Unable to reach MTLCompilerService" in ln), None)
+  assert line is not None, log
+  assert "CAP_METAL_SOURCE" in line and "metallib" in line and "LaunchDaemon" in line and "docs/service.md" in line, line
+
+def test_a_runner_that_can_compile_offers_source():
+  r = emulated()
+  try: caps = Raw(r.addr).info["caps"]
+  finally: r.stop()
+  assert caps & P.CAP_METALLIB and caps & P.CAP_METAL_SOURCE, caps
+  assert "MTLCompilerService" not in r.log_text(0)

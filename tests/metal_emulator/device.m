@@ -333,6 +333,24 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	EmuLibrary *lib;
 	char *err = NULL;
 
+	/*
+	 * METAL_EMU_NO_COMPILER=1: Apple's compiler service (MTLCompilerService,
+	 * which compiles source over XPC) cannot be reached, as reported for
+	 * Metal in launchd daemons: every source compile fails, with the text
+	 * those reports quote. The code a Mac gives was not seen here;
+	 * MTLLibraryErrorInternal (2) is a guess. Metallibs do not go through
+	 * the service and are unaffected.
+	 */
+	if (getenv("METAL_EMU_NO_COMPILER") != NULL &&
+	    strcmp(getenv("METAL_EMU_NO_COMPILER"), "1") == 0) {
+		if (error != NULL)
+			*error = emu_error(2, "Unable to reach MTLCompilerService. "
+			    "The process is unavailable because the compiler is "
+			    "no longer active. Latest invalidation reason: "
+			    "Connection init failed at lookup with error 3 - No "
+			    "such process");
+		return nil;
+	}
 	if (version == 0) {
 		if (error != NULL)
 			*error = emu_error(2, "unknown MTLLanguageVersion "
