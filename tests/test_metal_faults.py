@@ -328,3 +328,50 @@ def test_a_runner_that_can_compile_offers_source():
   finally: r.stop()
   assert caps & P.CAP_METALLIB and caps & P.CAP_METAL_SOURCE, caps
   assert "MTLCompilerService" not in r.log_text(0)
+
+# *** issue 26, item 4: a freed buffer's memory stays counted until the GPU is done with it (protocol.md, Tfree)
+
+MIB = 1 << 20
+
+def test_tfree_keeps_the_memory_counted_until_the_gpu_is_done():
+  # The device has 1 MiB (METAL_EMU_MEMORY), which is the runner's limit too. The client frees buffer 1 while a kernel that
+  # uses it is still to run, then allocates buffer 2 of the same size: the first buffer's memory is the GPU's until the kernel
+  # completes (the command buffer holds it), so the runner may not count it free before then. Before the fix Tfree returned
+  # the reservation at once, Talloc passed the runner's count, and the device had no memory for it (ENOMEM)
+  r = emulated(METAL_EMU_MEMORY=MIB)
+  try:
+    c = Raw(r.addr)
+    assert c.info["memory"] == MIB, c.info
+    load(c, 1, SLOW, 1, 1)
+    c.alloc(1, 3 * MIB // 4)
+    assert c.until_pong() == []
+    c.launch(1, [(1, 0)], [N_SLOW])
+    c.req(P.TFREE, handle=1)
+    c.alloc(2, 3 * MIB // 4)
+    c.launch(1, [(2, 0)], [1000])
+    assert c.until_pong() == []
+    assert struct.unpack("<i", c.read(2, 0, 4))[0] == lcg(1000)
+    c.close()
+  finally:
+    r.stop()
+
+def test_tfree_of_a_buffer_no_pending_work_uses_does_not_wait():
+  # only the command buffers that use the freed buffer are waited for: freeing another buffer while they run is answered at
+  # once (its Tping comes back while the kernels still run); freeing theirs comes back once they have completed
+  r = emulated(METAL_EMU_TRACE=1)
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 16); c.alloc(2, 16)
+    load(c, 1, SLOW, 1, 1)
+    assert c.until_pong() == []
+    for _ in range(5): c.launch(1, [(1, 0)], [2**31 - 1])   # one command buffer, about 0.3 s of the emulator's CPU each
+    assert c.until_pong() == []
+    c.req(P.TFREE, handle=2)
+    assert c.until_pong() == []
+    assert "command buffer 1 completed" not in r.log_text(0), "freeing a buffer no kernel uses waited for the kernels"
+    c.req(P.TFREE, handle=1)
+    assert c.until_pong() == []
+    r.wait_log("command buffer 1 completed", timeout=5)
+    c.close()
+  finally:
+    r.stop()
