@@ -8,6 +8,10 @@
 #   cmake -S . -B build-macos -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-zig-macos.cmake \
 #     -DMACOS_ARCH=arm64 [-DZIG=/path/to/zig] && cmake --build build-macos
 #
+# The macOS versions in zig's targets below are CMakeLists.txt's deployment
+# targets: zig cc ignores -mmacosx-version-min (which CMakeLists.txt passes, as
+# a Mac's clang needs) and takes the minimum macOS from its target triple only.
+#
 # zig has no Apple SDK, so what is not Darwin's libc stands in: runner.m is
 # compiled against tests/metal_stub (the project's Metal, Foundation, objc
 # and dispatch declarations, written from Apple's documentation),

@@ -105,13 +105,18 @@ struct be_buffer {
 	id <MTLBuffer> buf;		/* owned */
 	void *ptr;			/* [buf contents], fixed for its life */
 	uint64_t size;			/* its length */
+	uint64_t useq;			/* the session's last command buffer
+					 * that uses it (its seq), 0: none */
 };
 
 struct be_session {
 	id <MTLCommandQueue> queue;	/* owned */
 	id <MTLCommandBuffer> open;	/* owned; being encoded, not committed */
 	size_t nopen;			/* commands encoded into open */
+	uint64_t seq;			/* command buffers started, numbered
+					 * from 1: open's number, if open */
 	id <MTLCommandBuffer> flight[MTL_INFLIGHT];	/* owned; committed */
+	uint64_t fseq[MTL_INFLIGHT];	/* their numbers, oldest first */
 	size_t nflight;
 	/* Profiling: where the GPU times of open and of each flight[i] go
 	 * once it completes, or NULL. A profiled command buffer holds one
@@ -431,6 +436,44 @@ fail:
 
 /* ---- device ---- */
 
+/*
+ * Compile a one-line kernel from source (with the standard header, as
+ * tinygrad's kernels have it), as ggml-metal compiles its library
+ * when it opens the device. Source goes through Apple's compiler service
+ * (MTLCompilerService, over XPC), which processes that launchd starts as
+ * daemons have been reported unable to reach ("Unable to reach
+ * MTLCompilerService ... Connection init failed"): such a runner would
+ * advertise source, answer the handshake and fail every kernel. Metallibs do
+ * not need the service. Not seen on a Mac by this project: the Metal
+ * emulator's METAL_EMU_NO_COMPILER=1 stands in for it. Returns 0, or -1 with
+ * the whole error text in *why (malloc'd; the caller frees it).
+ */
+static int
+mtl_probe(char **why)
+{
+	static const char src[] = "#include <metal_stdlib>\n"
+	    "kernel void mtl_probe(device int *out) { out[0] = 1; }\n";
+	struct be_program_desc d;
+	id <MTLComputePipelineState> pipe;
+	char err[BE_ERR_MAX];
+
+	memset(&d, 0, sizeof(d));
+	d.kind = PROTO_PROG_METAL_SOURCE;
+	d.name = "mtl_probe";
+	d.data = (const uint8_t *)src;
+	d.datalen = sizeof(src) - 1;
+	*why = NULL;
+	/* The same compile, options and pipeline as a client's source. */
+	pipe = mtl_compile(&d, err, why);
+	if (pipe != nil) {
+		[pipe release];
+		return 0;
+	}
+	if (*why == NULL)
+		*why = strdup(err);
+	return -1;
+}
+
 /* Rhello.arch: the newest Apple GPU family the device supports ("Apple10"
  * ... "Apple1"), else "Mac2". */
 static const char *
@@ -501,6 +544,7 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	NSArray<id <MTLDevice>> *all = nil;
 	unsigned long idx = 0;
 	const char *p, *name;
+	char *why = NULL;
 
 	if (device == NULL || *device == '\0') {
 		/* Take the system's default GPU. */
@@ -556,6 +600,20 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	snprintf(info->name, sizeof(info->name), "%s",
 	    name != NULL ? name : "Metal device");
 	snprintf(info->arch, sizeof(info->arch), "%s", mtl_family(mtl_dev));
+	/* Check that source compiles here; offer it only if it does. */
+	if (mtl_probe(&why) == -1) {
+		info->caps &= (uint16_t)~PROTO_CAP_METAL_SOURCE;
+		log_warn("metal: a one-line test kernel does not compile here "
+		    "(%s), so this runner does not offer Metal source (no "
+		    "CAP_METAL_SOURCE in Rhello) and serves metallibs only. "
+		    "Apple's compiler service, MTLCompilerService, is reported "
+		    "out of reach for Metal in a process that launchd starts "
+		    "as a LaunchDaemon: run the runner in a logged-in user's "
+		    "session instead, or have clients send metallibs compiled "
+		    "on a Mac (docs/service.md, \"The Metal compiler service\")",
+		    why != NULL ? why : "Metal compile failed: out of memory");
+		free(why);
+	}
 	return 0;
 
 fail:
@@ -649,6 +707,7 @@ mtl_reap(struct be_session *s, int waitall)
 		if (st != MTLCommandBufferStatusCompleted &&
 		    st != MTLCommandBufferStatusError) {
 			s->fspan[k] = s->fspan[i];
+			s->fseq[k] = s->fseq[i];
 			s->flight[k++] = cb;
 			continue;
 		}
@@ -676,6 +735,7 @@ mtl_commit(struct be_session *s)
 	/* Submit the command buffer; the queue runs them in order. */
 	[s->open commit];
 	s->fspan[s->nflight] = s->ospan;
+	s->fseq[s->nflight] = s->seq;
 	s->flight[s->nflight++] = s->open;	/* the list takes our reference */
 	s->ospan = NULL;
 	s->open = nil;
@@ -706,6 +766,7 @@ mtl_cmdbuf(struct be_session *s, char *err)
 		return nil;
 	}
 	s->open = [cb retain];
+	s->seq++;
 	return cb;
 }
 
@@ -827,12 +888,29 @@ mtl_alloc(struct be_session *s, uint64_t size, char *err)
 	return b;
 }
 
-/* Command buffers still in flight keep the MTLBuffer alive until they end. */
+/*
+ * Release b once no command buffer of the session that uses it is still to
+ * run: commit the open one if it uses b, then wait for those committed up
+ * to b's last use (the queue completes them in order). Metal would keep the
+ * MTLBuffer alive for them anyway (a command buffer retains what it uses),
+ * but the session returns b's reservation when this returns: released at
+ * once, the memory would still be the GPU's but no longer counted, and a
+ * client freeing and allocating at the limit could make the GPU hold more
+ * than Rhello.memory (protocol.md, Tfree). A buffer no pending work uses
+ * is released without waiting. A failure of the work waited for stays in
+ * s->err for the next request that waits.
+ */
 static void
 mtl_free(struct be_session *s, struct be_buffer *b)
 {
-	(void)s;
 	@autoreleasepool {
+		if (s->open != nil && b->useq == s->seq)
+			mtl_commit(s);
+		while (s->nflight > 0 && s->fseq[0] <= b->useq) {
+			/* Wait for the GPU to finish the oldest. */
+			[s->flight[0] waitUntilCompleted];
+			mtl_reap(s, 0);
+		}
 		[b->buf release];
 	}
 	free(b);
@@ -896,6 +974,7 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	[blit copyFromBuffer:src->buf sourceOffset:(NSUInteger)srcoff
 	    toBuffer:dst->buf destinationOffset:(NSUInteger)dstoff
 	    size:(NSUInteger)count];
+	src->useq = dst->useq = s->seq;
 	/* End the blit pass. */
 	[blit endEncoding];
 	if (span != NULL) {
@@ -1123,6 +1202,16 @@ mtl_encode(id <MTLComputeCommandEncoder> enc, const struct be_launch *l)
 	    l->local[1], l->local[2])];
 }
 
+/* The buffers of l are used by the session's open command buffer (mtl_free). */
+static void
+mtl_used(struct be_session *s, const struct be_launch *l)
+{
+	uint16_t i;
+
+	for (i = 0; i < l->nbufs; i++)
+		l->bufs[i]->useq = s->seq;
+}
+
 /* Start a compute pass in cb. */
 static id <MTLComputeCommandEncoder>
 mtl_pass(id <MTLCommandBuffer> cb, char *err)
@@ -1174,6 +1263,7 @@ mtl_launch_each(struct be_session *s, const struct be_launch *l, size_t n,
 			goto done;
 		}
 		mtl_encode(enc, &l[i]);
+		mtl_used(s, &l[i]);
 		/* End the compute pass. */
 		[enc endEncoding];
 		if (wait && first == nil)
@@ -1248,8 +1338,10 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 	 */
 	if ((enc = mtl_pass(cb, err)) == nil)
 		return -1;
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
 		mtl_encode(enc, &l[i]);
+		mtl_used(s, &l[i]);
+	}
 	/* End the compute pass. */
 	[enc endEncoding];
 	s->nopen += n;

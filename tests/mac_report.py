@@ -436,7 +436,8 @@ class Run:
     from client.connection import Runner
     with Runner(self.runner.addr) as r:
       i = r.info
-      return {"backend": i.backend, "name": i.name, "arch": i.arch, "memory": i.memory, "maxbuf": i.maxbuf, "ncores": i.ncores}
+      return {"backend": i.backend, "name": i.name, "arch": i.arch, "memory": i.memory, "maxbuf": i.maxbuf, "ncores": i.ncores,
+              "caps": i.caps}
 
   def pytest(self, tag:str, args:list[str], env:dict) -> dict:
     xml = self.dir / f"junit-{tag}.xml"
@@ -632,11 +633,16 @@ class Report:
     self.add("## Machine", "", "| | | where it came from |", "|---|---|---|")
     for what, value, src in self.facts: self.add(f"| {what} | {cell(value)} | {src} |")
     if self.hello:
+      from client.protocol import CAP_METAL_SOURCE
       h = self.hello
       self.add(f"| GPU family | {h['arch']} | the runner's Rhello arch: the newest Apple GPU family the device supports (Apple10 ... Apple1), "
                "else Mac2 (`daemon/runner.m`) |",
                f"| runner device | {h['name']} | the runner's Rhello name |",
-               f"| runner memory | {h['memory'] / 2**30:.2f} GiB, buffers up to {h['maxbuf'] / 2**30:.2f} GiB | the runner's Rhello memory, maxbuf |")
+               f"| runner memory | {h['memory'] / 2**30:.2f} GiB, buffers up to {h['maxbuf'] / 2**30:.2f} GiB | the runner's Rhello memory, maxbuf |",
+               "| Metal source | " + ("compiles on the runner: it offers source (CAP_METAL_SOURCE)" if h["caps"] & CAP_METAL_SOURCE else
+                                     "**does not compile on the runner** (Apple's compiler service out of reach?): it offers metallibs only; "
+                                     "the runner log below says why") +
+               " | the runner compiles a one-line kernel when it opens the GPU (issue 26, item 2; docs/service.md) |")
     w = self.work or {}
     for role in ("local", "runner"):
       if "arch" in w.get(role, {}):

@@ -40,6 +40,7 @@ def test_report_on_linux(tmp_path):
   machine = {row[0]: row[1:] for row in table(report, "| | | where it came from |")}
   assert machine["GPU family"][0] == "Apple7" and "Rhello" in machine["GPU family"][1]
   assert machine["runner device"][0] == "Metal emulator (CPU, test harness)"
+  assert machine["Metal source"][0] == "compiles on the runner: it offers source (CAP_METAL_SOURCE)", machine["Metal source"]
   assert re.fullmatch(r"[0-9a-f]{12}( with local changes)?", machine["metal_runner commit"][0])
   assert machine["tinygrad, reference"][0].startswith("CPU:") and machine["tinygrad, runner"][0].startswith("METAL: MetalRenderer, arch Apple7")
   # the Metal tests: both passes, the second one for the test that starts its own runner

@@ -22,7 +22,7 @@ linker, and codesigning; the binaries are never run (no Mac here). .github/workf
 Builds are from scratch each run; zig caches compiled objects by content (~/.cache/zig), so only the first run is slow
 (about 45 s on 2 cores), later ones take seconds.
 """
-import os, shutil, struct, subprocess, sys
+import os, re, shutil, struct, subprocess, sys
 import pytest
 from conftest import ROOT
 
@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(sys.platform == "darwin", reason="on macOS make -C daemon is the real macOS build")]
 
 ARCH = {"arm64": (0x0100000C, (11, 0)), "x86_64": (0x01000007, (10, 15))}   # CPU_TYPE_ARM64, CPU_TYPE_X86_64; minimum macOS
+ZIG_TARGET = {"arm64": "aarch64-macos", "x86_64": "x86_64-macos"}           # zig's name for each, before .<minimum macOS>
 MH_OBJECT, MH_EXECUTE = 1, 2
 LC_SYMTAB, LC_LOAD_DYLIB, LC_SEGMENT_64, LC_VERSION_MIN_MACOSX, LC_BUILD_VERSION = 0x2, 0xC, 0x19, 0x24, 0x32
 PLATFORM_MACOS = 1
@@ -126,6 +127,7 @@ def check_macos_build(exe, lib, arch: str, runner_member: str):
   for name, body in members.items():
     o = macho(body)
     assert (o["cputype"], o["filetype"]) == (cputype, MH_OBJECT), f"{lib}({name}): cputype {o['cputype']:#x}, filetype {o['filetype']}"
+    assert (o["platform"], o["minos"]) == (PLATFORM_MACOS, minos), f"{lib}({name}): platform {o['platform']}, minimum OS {o['minos']}"
   r = macho(members[runner_member])
   assert {"__objc_selrefs", "__objc_classrefs", "__objc_imageinfo"} <= r["sections"], \
     f"{runner_member} is not Objective-C for Apple's runtime ABI: sections {sorted(r['sections'])}"
@@ -134,6 +136,19 @@ def check_macos_build(exe, lib, arch: str, runner_member: str):
 
 def no_warning(out: str) -> bool:
   return "warning" not in out.lower()
+
+
+def check_deployment_target(out: str, zig: str, arch: str):
+  """Each compile and link in the build log names the deployment target (issue 26, item 7): without one, Apple's clang takes
+  the SDK's macOS, so a runner built on macOS 15 would not start on 14. zig cc ignores the flag (its target triple carries the
+  version, which check_macos_build reads back from the Mach-O files), so this is where the Makefile's or CMakeLists.txt's own
+  setting, the one a Mac's clang obeys, is seen."""
+  want = "-mmacosx-version-min=%d.%d" % ARCH[arch][1]
+  cmds = [ln for ln in out.splitlines() if f"{zig} cc " in ln]
+  assert len(cmds) > 20, out[-3000:]
+  missing = [ln for ln in cmds if want not in ln.split()]
+  assert not missing, f"{len(missing)} of {len(cmds)} compiler commands lack {want}, e.g. {missing[0][:400]}"
+  assert any(re.search(r" -o \S*metal_runner( |$)", ln) for ln in cmds), "no link of metal_runner in the log"
 
 
 # *** the Makefile: make -C daemon macos-check (daemon/build/macos-<arch>/)
@@ -150,11 +165,12 @@ def make_build(zig):
 
 
 @pytest.mark.parametrize("arch", list(ARCH))
-def test_make_builds_the_daemon_for_macos(make_build, arch):
+def test_make_builds_the_daemon_for_macos(zig, make_build, arch):
   r = make_build
   assert r.returncode == 0 and no_warning(r.stdout + r.stderr), r.stdout[-3000:] + r.stderr[-3000:]
   out = ROOT / "daemon" / "build" / f"macos-{arch}"
   assert "-Werror" in r.stdout and "-fno-objc-arc" in r.stdout and "runner.m" in r.stdout, r.stdout[-3000:]
+  check_deployment_target("\n".join(ln for ln in r.stdout.splitlines() if f"-target {ZIG_TARGET[arch]}." in ln), zig, arch)
   check_macos_build(out / "metal_runner", out / "libmetal_runner.a", arch, "runner.o")
 
 
@@ -175,6 +191,7 @@ def test_cmake_builds_the_daemon_for_macos(zig, arch, tmp_path):
   rc, out = cmake_check(zig, ROOT, tmp_path / "b", arch)
   assert rc == 0 and no_warning(out), out[-4000:]
   assert "-Werror" in out and "-fno-objc-arc" in out and "runner.m" in out, out[-3000:]
+  check_deployment_target(out, zig, arch)
   check_macos_build(tmp_path / "b" / "metal_runner", tmp_path / "b" / "libmetal_runner.a", arch, "runner.m.o")
 
 

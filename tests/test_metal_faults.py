@@ -4,7 +4,7 @@
 # report, as its README describes; against a Mac's runner (METAL_RUNNER) they skip: the knobs are the emulator's.
 import re, socket, struct, time
 import pytest
-from conftest import metal_runner_proc, needs_own_metal_runner
+from conftest import ROOT, metal_runner_proc, needs_own_metal_runner
 from client import protocol as P
 from wire import Raw
 
@@ -214,7 +214,18 @@ def test_profile_records_after_a_graph_run_failing_part_way():
     r.stop()
 
 # *** b: GPU work starts as it arrives: a command buffer is committed as soon as the session has read all the input that
-# has arrived (when it flushes its replies), and holds at most 16 commands
+# has arrived (when it flushes its replies), and holds at most MTL_BATCH (16) commands
+
+def mtl_batch() -> int:
+  """runner.m's MTL_BATCH: the most commands a command buffer holds."""
+  return int(re.search(r"^#define MTL_BATCH (\d+)$", (ROOT / "daemon" / "runner.m").read_text(), re.M).group(1))
+
+def test_the_manual_gives_the_batch_size_the_code_has():
+  # issue 26, item 8: docs/metal.md said "every 64 commands" while runner.m commits after 16
+  doc = (ROOT / "docs" / "metal.md").read_text()
+  submission = re.search(r"^- Submission:(.*?)(?=^- |\Z)", doc, re.M | re.S).group(1)
+  said = [int(n) for n in re.findall(r"(\d+)\s+commands", submission)]
+  assert said == [mtl_batch()], (said, mtl_batch())
 
 def commits(log:str) -> list[int]:
   """The command count of each commit the emulator traced (METAL_EMU_TRACE=1), in order."""
@@ -252,7 +263,7 @@ def test_a_command_buffer_holds_at_most_16_commands():
     n = commits(r.log_text(0))
   finally:
     r.stop()
-  assert sum(n) == 40 and max(n) <= 16, n
+  assert sum(n) == 40 and max(n) <= mtl_batch(), n
 
 # *** f: the GPU family, the device chosen, and what a client sees at any log level
 
@@ -287,3 +298,80 @@ def test_log_level_changes_nothing_a_client_sees():
       c.close()
     finally:
       r.stop()
+
+# *** issue 26, item 2: Apple's compiler service (MTLCompilerService, reached over XPC) out of reach, as reported for Metal in
+# launchd daemons: the runner finds out when it opens the device (it compiles a one-line kernel), says why and what to do in its
+# log, and stops offering source; before, it advertised source, answered the handshake and failed every kernel
+
+def test_unreachable_compiler_service_drops_the_source_capability():
+  r = emulated(METAL_EMU_NO_COMPILER=1)
+  try:
+    c = Raw(r.addr)
+    caps = c.info["caps"]
+    assert caps & P.CAP_METALLIB and not caps & P.CAP_METAL_SOURCE, caps
+    # a client that sends source anyway is refused at once (EKIND), not after a compile that cannot work
+    tag = load(c, 1, ADD1, 2)
+    errs = c.until_pong()
+    assert [(code, etag) for code, etag, _ in errs] == [(P.EKIND, tag)] and "Metal source" in errs[0][2], errs
+    c.close()
+    log = r.log_text(0)
+  finally:
+    r.stop()
+  # the log has the NSError's own text, what the runner does about it, and where the fix is
+  line = next((ln for ln in log.splitlines() if "Unable to reach MTLCompilerService" in ln), None)
+  assert line is not None, log
+  assert "CAP_METAL_SOURCE" in line and "metallib" in line and "LaunchDaemon" in line and "docs/service.md" in line, line
+
+def test_a_runner_that_can_compile_offers_source():
+  r = emulated()
+  try: caps = Raw(r.addr).info["caps"]
+  finally: r.stop()
+  assert caps & P.CAP_METALLIB and caps & P.CAP_METAL_SOURCE, caps
+  assert "MTLCompilerService" not in r.log_text(0)
+
+# *** issue 26, item 4: a freed buffer's memory stays counted until the GPU is done with it (protocol.md, Tfree)
+
+MIB = 1 << 20
+
+def test_tfree_keeps_the_memory_counted_until_the_gpu_is_done():
+  # The device has 1 MiB (METAL_EMU_MEMORY), which is the runner's limit too. The client frees buffer 1 while a kernel that
+  # uses it is still to run, then allocates buffer 2 of the same size: the first buffer's memory is the GPU's until the kernel
+  # completes (the command buffer holds it), so the runner may not count it free before then. Before the fix Tfree returned
+  # the reservation at once, Talloc passed the runner's count, and the device had no memory for it (ENOMEM)
+  r = emulated(METAL_EMU_MEMORY=MIB)
+  try:
+    c = Raw(r.addr)
+    assert c.info["memory"] == MIB, c.info
+    load(c, 1, SLOW, 1, 1)
+    c.alloc(1, 3 * MIB // 4)
+    assert c.until_pong() == []
+    c.launch(1, [(1, 0)], [N_SLOW])
+    c.req(P.TFREE, handle=1)
+    c.alloc(2, 3 * MIB // 4)
+    c.launch(1, [(2, 0)], [1000])
+    assert c.until_pong() == []
+    assert struct.unpack("<i", c.read(2, 0, 4))[0] == lcg(1000)
+    c.close()
+  finally:
+    r.stop()
+
+def test_tfree_of_a_buffer_no_pending_work_uses_does_not_wait():
+  # only the command buffers that use the freed buffer are waited for: freeing another buffer while they run is answered at
+  # once (its Tping comes back while the kernels still run); freeing theirs comes back once they have completed
+  r = emulated(METAL_EMU_TRACE=1)
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 16); c.alloc(2, 16)
+    load(c, 1, SLOW, 1, 1)
+    assert c.until_pong() == []
+    for _ in range(5): c.launch(1, [(1, 0)], [2**31 - 1])   # one command buffer, about 0.3 s of the emulator's CPU each
+    assert c.until_pong() == []
+    c.req(P.TFREE, handle=2)
+    assert c.until_pong() == []
+    assert "command buffer 1 completed" not in r.log_text(0), "freeing a buffer no kernel uses waited for the kernels"
+    c.req(P.TFREE, handle=1)
+    assert c.until_pong() == []
+    r.wait_log("command buffer 1 completed", timeout=5)
+    c.close()
+  finally:
+    r.stop()

@@ -22,6 +22,27 @@
 
 NSArray *emu_array(id *objs, NSUInteger n);
 
+/* A size with an optional K, M or G suffix (METAL_EMU_MEMORY); 0 if bad. */
+static uint64_t
+emu_size(const char *s)
+{
+	char *end;
+	unsigned long long n = strtoull(s, &end, 10);
+
+	switch (*end) {
+	case 'G':
+		n <<= 10;
+		/* FALLTHROUGH */
+	case 'M':
+		n <<= 10;
+		/* FALLTHROUGH */
+	case 'K':
+		n <<= 10;
+		end++;
+	}
+	return *end == '\0' ? (uint64_t)n : 0;
+}
+
 /* ---- MTLCompileOptions: a class cluster, the stub declares no ivars ---- */
 
 /* MTLMathFloatingPointFunctions (MTLLibrary.h, macOS 15): Fast 0, Precise
@@ -195,6 +216,22 @@ metal_version(MTLLanguageVersion v)
 
 /* ---- buffers ---- */
 
+/*
+ * METAL_EMU_MEMORY=N (bytes, K/M/G suffix): a device with N bytes of memory,
+ * which recommendedMaxWorkingSetSize reports. A buffer holds its length of it
+ * until it is deallocated, which is after its owner released it *and* the
+ * command buffers that use it completed (a command buffer retains what it
+ * uses, as Metal's do). newBufferWithLength returns nil when the buffers
+ * alive would pass N. That is a model, not what an Apple GPU does at its
+ * limit (it may page, or fail a command buffer with
+ * MTLCommandBufferErrorOutOfMemory, 8): it makes memory that is still the
+ * GPU's but no longer counted by the runner visible to a test.
+ */
+static uint64_t emu_memory;		/* under device_lock; 0: no limit */
+static uint64_t emu_memory_used;	/* under device_lock */
+
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+
 @implementation EmuBuffer
 - (void *)contents
 {
@@ -203,6 +240,9 @@ metal_version(MTLLanguageVersion v)
 - (void)dealloc
 {
 	munmap(map, maplen);
+	pthread_mutex_lock(&device_lock);
+	emu_memory_used -= length;
+	pthread_mutex_unlock(&device_lock);
 	[super dealloc];
 }
 @end
@@ -217,7 +257,6 @@ metal_version(MTLLanguageVersion v)
 - (instancetype)initAt:(int)i of:(int)n;
 @end
 
-static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 @implementation EmuDevice
@@ -233,6 +272,8 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		family = 7;
 	index = i;
 	lowpower = n == 2 && i == 0;
+	if ((f = getenv("METAL_EMU_MEMORY")) != NULL)
+		emu_memory = emu_size(f);
 	emu_exec_init();
 	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s) "
 	    "running kernels on the CPU; not a GPU, not Apple's compiler",
@@ -260,7 +301,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 - (uint64_t)recommendedMaxWorkingSetSize
 {
-	return EMU_WORKING_SET;
+	return emu_memory != 0 ? emu_memory : EMU_WORKING_SET;
 }
 
 - (NSUInteger)maxBufferLength
@@ -294,13 +335,31 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		    "is emulated", (unsigned long)options);
 	if (length == 0 || length > EMU_MAX_BUFFER)
 		return nil;
+	/* METAL_EMU_MEMORY: the device's memory, taken until dealloc. */
+	pthread_mutex_lock(&device_lock);
+	if (emu_memory != 0 && (length > emu_memory ||
+	    emu_memory_used > emu_memory - length)) {
+		emu_log("newBufferWithLength: %lu bytes: the device has %llu of "
+		    "its %llu bytes (METAL_EMU_MEMORY) in buffers still alive",
+		    (unsigned long)length, (unsigned long long)emu_memory_used,
+		    (unsigned long long)emu_memory);
+		pthread_mutex_unlock(&device_lock);
+		return nil;
+	}
+	emu_memory_used += length;
+	pthread_mutex_unlock(&device_lock);
 	data = (length + page - 1) / page * page;
 	m = mmap(NULL, data + 2 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS,
 	    -1, 0);
-	if (m == MAP_FAILED)
-		return nil;
-	if (mprotect(m + page, data, PROT_READ | PROT_WRITE) == -1) {
+	if (m != MAP_FAILED &&
+	    mprotect(m + page, data, PROT_READ | PROT_WRITE) == -1) {
 		munmap(m, data + 2 * page);
+		m = MAP_FAILED;
+	}
+	if (m == MAP_FAILED) {
+		pthread_mutex_lock(&device_lock);
+		emu_memory_used -= length;
+		pthread_mutex_unlock(&device_lock);
 		return nil;
 	}
 	b = (EmuBuffer *)[EmuBuffer alloc];
@@ -333,6 +392,24 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	EmuLibrary *lib;
 	char *err = NULL;
 
+	/*
+	 * METAL_EMU_NO_COMPILER=1: Apple's compiler service (MTLCompilerService,
+	 * which compiles source over XPC) cannot be reached, as reported for
+	 * Metal in launchd daemons: every source compile fails, with the text
+	 * those reports quote. The code a Mac gives was not seen here;
+	 * MTLLibraryErrorInternal (2) is a guess. Metallibs do not go through
+	 * the service and are unaffected.
+	 */
+	if (getenv("METAL_EMU_NO_COMPILER") != NULL &&
+	    strcmp(getenv("METAL_EMU_NO_COMPILER"), "1") == 0) {
+		if (error != NULL)
+			*error = emu_error(2, "Unable to reach MTLCompilerService. "
+			    "The process is unavailable because the compiler is "
+			    "no longer active. Latest invalidation reason: "
+			    "Connection init failed at lookup with error 3 - No "
+			    "such process");
+		return nil;
+	}
 	if (version == 0) {
 		if (error != NULL)
 			*error = emu_error(2, "unknown MTLLanguageVersion "
