@@ -296,6 +296,35 @@ push(struct session *s, struct link *l)
 	return 0;
 }
 
+/*
+ * A sending link never reads: anything readable on it means the receiving
+ * runner closed it (or broke it). A send() after the peer's close would
+ * still succeed once (TCP), so check first: the peer's next use fails.
+ */
+static int
+peer_closed(struct session *s, struct link *l)
+{
+	struct pollfd p = { l->fd, POLLIN, 0 };
+	uint8_t c;
+	ssize_t n;
+
+	if (poll(&p, 1, 0) <= 0 || (p.revents & (POLLIN | POLLHUP |
+	    POLLERR)) == 0)
+		return 0;
+	n = recv(l->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK ||
+	    errno == EINTR))
+		return 0;
+	if (n == 0)
+		break_link(s, l, "the receiving runner closed the link");
+	else if (n > 0)
+		break_link(s, l, "the receiving runner sent data on a link "
+		    "that only sends");
+	else
+		break_link(s, l, "sending: %s", strerror(errno));
+	return -1;
+}
+
 static int
 send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
     uint64_t count, uint64_t channel)
@@ -306,6 +335,8 @@ send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
 	size_t done = 0, left, i;
 	ssize_t n;
 
+	if (peer_closed(s, l) == -1)
+		return link_error(s, tag, l);
 	proto_put_linkhdr(hdr, ++l->seq, channel, count);
 	if (push(s, l) == -1)
 		return link_error(s, tag, l);
