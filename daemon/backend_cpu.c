@@ -28,6 +28,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -343,6 +344,16 @@ cpu_open(struct be_info *info, const char *device, char *err)
 	info->backend = PROTO_BACKEND_CPU;
 	info->caps = PROTO_CAP_CPU_IMAGE | PROTO_CAP_UNIFIED;
 	info->ncores = ncpu > 0 ? (uint32_t)ncpu : 1;
+#if defined(__linux__) && defined(CPU_COUNT)
+	{
+		/* A runner started on fewer CPUs (taskset, a cgroup's cpuset)
+		 * runs a kernel on as many threads as it has CPUs, not more. */
+		cpu_set_t set;
+		if (sched_getaffinity(0, sizeof(set), &set) == 0 &&
+		    CPU_COUNT(&set) > 0 && (uint32_t)CPU_COUNT(&set) < info->ncores)
+			info->ncores = (uint32_t)CPU_COUNT(&set);
+	}
+#endif
 	info->memory = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz :
 	    (uint64_t)1 << 30;
 	info->maxbuf = info->memory;

@@ -195,3 +195,17 @@ def test_a_mistyped_option_prints_one_line_and_the_usage_not_the_help(args, bad)
   lines = p.stderr.splitlines()
   assert len(lines) <= 3 and bad in lines[0], p.stderr
   assert lines[-1] == "usage: metal_runner [options]; see metal_runner --help", p.stderr
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2, reason="needs Linux and two CPUs")
+def test_a_runner_started_on_one_cpu_runs_kernels_on_one_thread():
+  """Rhello ncores (the threads a kernel's core number ranges over) follows the CPUs the runner may use (taskset, a cpuset), not
+  the machine's: two runners pinned to a CPU each (the benchmark's two machines) do not fight over both."""
+  cpu = min(os.sched_getaffinity(0))
+  old = os.sched_getaffinity(0)
+  os.sched_setaffinity(0, {cpu})   # the runner inherits it
+  try: r = RunnerProc()
+  finally: os.sched_setaffinity(0, old)
+  try:
+    c = Raw(r.addr, hello=False)
+    assert c.hello()["ncores"] == 1
+  finally: r.stop()
