@@ -86,11 +86,27 @@ class RunnerInfo:
   maxmsg: int       # the largest frame either side sends on this connection
   unified: bool     # device memory is host memory
 
+DEFAULT_PORT = 6667   # the runner's (daemon/main.c)
+
 def parse_addr(addr:str) -> tuple[str, int]:
-  host, sep, port = addr.rpartition(":")
-  if not sep or not port.isdigit(): raise ValueError(f"runner address {addr!r} is not host:port")
+  """(host, port) of "HOST:PORT", "[IPv6]:PORT", or HOST (or [IPv6]) alone at DEFAULT_PORT."""
+  if addr.startswith("["):
+    host, sep, rest = addr[1:].partition("]")
+    if not sep or rest and not rest.startswith(":"): raise ValueError(f"runner address {addr!r} is not HOST:PORT")
+    port = rest[1:] if rest else str(DEFAULT_PORT)
+  elif addr.count(":") > 1: raise ValueError(f"runner address {addr!r}: an IPv6 address goes in brackets, as in [::1]:6667")
+  else:
+    host, sep, port = addr.partition(":")
+    if not sep: port = str(DEFAULT_PORT)
+  if not port.isdigit(): raise ValueError(f"runner address {addr!r} is not HOST:PORT")
   if not 1 <= int(port) <= 65535: raise ValueError(f"runner address {addr!r}: port {int(port)} out of range 1-65535")
-  return host.strip("[]") or "localhost", int(port)
+  return host or "localhost", int(port)
+
+def full_addr(addr:str) -> str:
+  """addr with its port, as messages show it: "mac.local" is "mac.local:6667". One that is not HOST[:PORT] as given (Runner refuses it)."""
+  try: host, port = parse_addr(addr)
+  except ValueError: return addr
+  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
   """The token in the file at path, which setting named (for the message of a TokenFileError)."""
@@ -146,15 +162,15 @@ def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
   return st
 
 class Runner:
-  """A session on one runner, at addr "host:port". connect_timeout bounds the TCP connect and the hello/auth exchange,
+  """A session on one runner, at addr "host:port" (a host alone: port 6667). connect_timeout bounds the TCP connect and the hello/auth exchange,
   timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token (default: read from
   METAL_RUNNER_TOKEN_FILE); token_source says how the caller's user gave it, for messages ("--token-file F"). A client that
   holds a token refuses a runner that does not prove it holds it too (RunnerError EAUTH). Handles are client-chosen:
-  new_handle() gives one for any namespace. Raises ValueError for an address that is not host:port, TokenFileError for a
+  new_handle() gives one for any namespace. Raises ValueError for an address that is not HOST[:PORT], TokenFileError for a
   token file that cannot be used, NotARunnerError when what answers is not a metal_runner."""
   def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None, cache:bool|None=None,
                token_source:str|None=None):
-    hostport = parse_addr(addr)
+    hostport, addr = parse_addr(addr), full_addr(addr)
     self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
     self.cache = os.environ.get("METAL_RUNNER_CACHE", "1") != "0" if cache is None else cache
     self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends

@@ -298,6 +298,13 @@ def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, shared, case):
   p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr, **({"METAL_RUNNER_TOKEN_FILE": tf} if tf else {})})
   stopped(p, addr, says.format(token=tf))
 
+@pytest.mark.parametrize("how", ["client run", "import"])
+def test_a_host_alone_is_the_runner_at_port_6667(scripts, how):
+  addr = "macbok.invalid"   # never resolves (RFC 6761): the line shows the address as it was understood
+  p = client_run("--runner", addr, str(scripts / "train.py")) if how == "client run" else \
+    python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr})
+  stopped(p, "cannot use the runner at macbok.invalid:6667: the host name does not resolve", "")
+
 def test_a_device_opened_later_stops_with_one_line_too(shared):
   # DEV names the device: the runner is reached when the program first uses it, and an unusable one is still one line
   addr = dead_port()

@@ -45,6 +45,8 @@ def test_reachable_picks_the_address_that_accepts():
 def test_plain_addresses_do_not_need_zeroconf(monkeypatch):
   monkeypatch.setenv("METAL_RUNNER", " a:1, b:2 ")
   assert discovery.runner_addrs("cpu") == ["a:1", "b:2"]
+  monkeypatch.setenv("METAL_RUNNER", "a,[::1],[::1]:7000")   # a host alone is at the runner's default port
+  assert discovery.runner_addrs("cpu") == ["a:6667", "[::1]:6667", "[::1]:7000"]
   monkeypatch.delenv("METAL_RUNNER")
   assert discovery.runner_addrs() == []
   # and the tinygrad devices import no zeroconf unless asked to discover

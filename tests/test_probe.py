@@ -125,8 +125,14 @@ def test_probe_a_server_that_never_answers():
   assert p.returncode == 5 and "accepted the connection but never answered the handshake" in p.stderr, (p.stdout, p.stderr)
 
 def test_probe_bad_arguments():
-  p = probe("nohostport")
-  assert p.returncode == 2 and "is not host:port" in p.stderr, p.stderr
+  p = probe("127.0.0.1:http")
+  assert p.returncode == 2 and "is not HOST:PORT" in p.stderr, p.stderr
+  p = probe("::1")
+  assert p.returncode == 2 and "goes in brackets" in p.stderr, p.stderr
   p = probe("127.0.0.1:66677")
   assert p.returncode == 2 and "port 66677 out of range 1-65535" in p.stderr, p.stderr
   assert probe("127.0.0.1:1", "--size", "lots").returncode == 2
+
+def test_probe_a_host_alone_at_the_default_port():
+  p = probe("macbok.invalid")   # .invalid never resolves (RFC 6761): unreachable, at port 6667, not a usage error
+  assert p.returncode == 3 and "macbok.invalid:6667 is unreachable" in p.stderr, p.stderr
