@@ -18,7 +18,7 @@ Environment:
                            Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, os, shlex, socket, struct, time, weakref
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, copy_max
 
@@ -108,10 +108,20 @@ def full_addr(addr:str) -> str:
   except ValueError: return addr
   return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+def _private(st:os.stat_result, path:str, setting:str):
+  """A token file others may read is refused, as ssh refuses such a key, and as the runner does (daemon/main.c): one of ours must be
+  closed to group and others, another owner's (a service's, root's and readable by its group) to others."""
+  mode = st.st_mode & 0o7777
+  if st.st_uid == os.getuid() and mode & 0o077:
+    raise TokenFileError(path, setting, f"is open to group or others (mode {mode:04o}), as a secret must not be: chmod 600 {shlex.quote(path)}")
+  if mode & 0o007: raise TokenFileError(path, setting, f"is open to others (mode {mode:04o}), as a secret must not be: chmod o-rwx {shlex.quote(path)}")
+
 def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
   """The token in the file at path, which setting named (for the message of a TokenFileError)."""
   try:
-    with open(path, "rb") as f: tok = f.read()
+    with open(path, "rb") as f:
+      _private(os.fstat(f.fileno()), path, setting)
+      tok = f.read()
   except OSError as e: raise TokenFileError(path, setting, f"cannot be read: {e.strerror}") from None
   tok = tok.rstrip(b"\r\n")  # as the runner reads it
   if not tok: raise TokenFileError(path, setting, "is empty: it must hold the runner's token (the file its --token-file names)")

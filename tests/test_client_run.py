@@ -121,6 +121,7 @@ def authed(tmp_path_factory):
   d = tmp_path_factory.mktemp("token")
   (d / "token").write_bytes(TOKEN + b"\n")
   (d / "wrong").write_bytes(b"not the token\n")
+  for f in ("token", "wrong"): (d / f).chmod(0o600)   # the runner and the client refuse a token others can read
   with runner("--token-file", str(d / "token")) as r:
     r.token, r.wrong, r.missing = d / "token", d / "wrong", d / "missing"
     yield r

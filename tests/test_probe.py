@@ -22,6 +22,7 @@ def plain():
 def authed(tmp_path_factory):
   tf = tmp_path_factory.mktemp("probe") / "token"
   tf.write_bytes(TOKEN + b"\n")
+  tf.chmod(0o600)   # the runner and the client refuse a token others can read
   r = RunnerProc("--token-file", str(tf))
   r.token_file = tf
   yield r
@@ -59,12 +60,20 @@ def test_probe_with_the_token(authed):
 
 def test_probe_with_a_wrong_token_names_the_file_and_the_setting(authed, tmp_path):
   (bad := tmp_path / "bad").write_bytes(b"not the token")
+  bad.chmod(0o600)
   p = probe(authed.addr, "--token-file", str(bad), "--json")
   assert p.returncode == 4, (p.stdout, p.stderr)
   assert f"refused the token from --token-file {bad}" in p.stderr and "wrong token" in p.stderr, p.stderr
   assert json.loads(p.stdout)["exit"] == 4
   p = probe(authed.addr, env={"METAL_RUNNER_TOKEN_FILE": str(bad)})
   assert p.returncode == 4 and f"refused the token from METAL_RUNNER_TOKEN_FILE={bad}" in p.stderr, p.stderr
+
+def test_probe_refuses_a_token_file_others_can_read(authed, tmp_path):
+  (tf := tmp_path / "token").write_bytes(TOKEN)
+  tf.chmod(0o640)
+  p = probe(authed.addr, "--token-file", str(tf))
+  assert p.returncode == 4 and f"the token file {tf} (--token-file) is open to group or others (mode 0640)" in p.stderr, p.stderr
+  assert p.stderr.rstrip().endswith(f"chmod 600 {tf}"), p.stderr
 
 def test_probe_without_a_token_where_one_is_needed_names_its_option(authed):
   p = probe(authed.addr)
@@ -79,7 +88,7 @@ def test_probe_with_a_token_refuses_a_runner_that_asks_for_none(plain, authed):
 @pytest.mark.parametrize("bad", ["missing", "empty"])
 def test_probe_with_an_unusable_token_file(bad, tmp_path, authed):
   tf = tmp_path / "token"
-  if bad == "empty": tf.write_bytes(b"\n")
+  if bad == "empty": tf.write_bytes(b"\n"); tf.chmod(0o600)
   for args, env, named in [(("--token-file", str(tf)), None, "--token-file"), ((), {"METAL_RUNNER_TOKEN_FILE": str(tf)}, "METAL_RUNNER_TOKEN_FILE")]:
     p = probe(authed.addr, *args, env=env)
     assert p.returncode == 4 and f"the token file {tf} ({named})" in p.stderr, (p.stdout, p.stderr)
