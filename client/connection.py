@@ -13,9 +13,11 @@ period is over. close() tells the runner the session ends now.
 
 Environment:
   METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
-  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped), when no token= is given.
-                           A client that holds a token refuses a runner that does not prove it holds the same (protocol.md,
-                           Authentication): one that asks for no token may be anyone
+  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped), when no token= is given:
+                           one for every runner, or one per address of METAL_RUNNER, comma-separated in the same order. Unset,
+                           ~/.metal_runner_token if it exists (as ssh takes ~/.ssh/id_*); set and empty, no token at all. A file
+                           that group or others can read is refused. A client that holds a token refuses a runner that does not
+                           prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
 import contextlib, dataclasses, hashlib, hmac, os, shlex, socket, struct, time, weakref
@@ -62,10 +64,10 @@ class NotARunnerError(RunnerConnectionError):
   def __str__(self): return f"{self.addr} {self.text}"
 
 class TokenFileError(RunnerError):
-  """The token file cannot be used (missing, unreadable, empty): raised before any connection, naming the file and the setting that
-  named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
-  def __init__(self, path:str, setting:str, why:str):
-    super().__init__(None, P.EAUTH, f"the token file {path} ({setting}) {why}")
+  """The token file cannot be used (missing, unreadable, empty, open to others), or the files named do not match the runners: raised
+  before any connection, naming the file and the setting that named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
+  def __init__(self, path:str, setting:str, why:str, text:str|None=None):
+    super().__init__(None, P.EAUTH, text or f"the token file {path} ({setting}) {why}")
     self.path, self.setting = path, setting
   def reason(self) -> str: return self.text
   def __str__(self): return self.text if self.addr is None else f"runner {self.addr}: {self.text}"
@@ -108,13 +110,49 @@ def full_addr(addr:str) -> str:
   except ValueError: return addr
   return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+DEFAULT_TOKEN_FILE, DEFAULT_SETTING = "~/.metal_runner_token", "used when no token file is named"
+# python -m client run sets METAL_RUNNER and METAL_RUNNER_TOKEN_FILE from its options and lists here those it was given: a message then
+# names the option its user typed, not the variable
+RUN_OPTIONS = "METAL_RUNNER_CLIENT_RUN_OPTIONS"
+
+def setting(var:str) -> str:
+  """The name of var as the user gave it: python -m client run's option that set it (--runner, --token-file), else var itself."""
+  opt = {"METAL_RUNNER": "--runner", "METAL_RUNNER_TOKEN_FILE": "--token-file"}.get(var)
+  return opt if opt is not None and opt in os.environ.get(RUN_OPTIONS, "").split() else var
+
+def named(var:str, value:str) -> str:
+  """var and its value as the user gave them, for a message: "--runner a:6667" or "METAL_RUNNER=a:6667"."""
+  return f"{name} {value}" if (name := setting(var)) != var else f"{var}={value}"
+
+def token_file(addr:str|None=None) -> tuple[str, str]|None:
+  """The token file for the runner at addr, and the setting that named it (for messages), or None: METAL_RUNNER_TOKEN_FILE (one file
+  for every runner, or one per address of METAL_RUNNER, comma-separated in the same order); unset, ~/.metal_runner_token if it exists;
+  set and empty, none. TokenFileError when the files do not match the runners."""
+  if (v := os.environ.get("METAL_RUNNER_TOKEN_FILE")) is None:
+    return (path, DEFAULT_SETTING) if os.path.lexists(path := os.path.expanduser(DEFAULT_TOKEN_FILE)) else None
+  if not v.strip(): return None
+  name, files = setting("METAL_RUNNER_TOKEN_FILE"), [f.strip() for f in v.split(",")]
+  if len(files) == 1: return files[0], name
+  runners = os.environ.get("METAL_RUNNER", "").strip()
+  addrs = [] if runners.lower() == "auto" else [full_addr(a.strip()) for a in runners.split(",") if a.strip()]
+  if len(addrs) != len(files):
+    raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names {len(files)} token files, one per runner, but "
+                         f"{named('METAL_RUNNER', runners) if runners else setting('METAL_RUNNER') + ' is not set and'} names "
+                         f"{len(addrs) or 'no'} runner address{'es' if len(addrs) != 1 else ''}: give one file per address, in the same order, "
+                         "or one file for all")
+  if addr is None or (a := full_addr(addr)) not in addrs:
+    raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names one token file per runner of "
+                         f"{named('METAL_RUNNER', runners)}, which does not list {addr}")
+  return files[addrs.index(a)], name
+
 def _private(st:os.stat_result, path:str, setting:str):
   """A token file others may read is refused, as ssh refuses such a key, and as the runner does (daemon/main.c): one of ours must be
   closed to group and others, another owner's (a service's, root's and readable by its group) to others."""
   mode = st.st_mode & 0o7777
   if st.st_uid == os.getuid() and mode & 0o077:
     raise TokenFileError(path, setting, f"is open to group or others (mode {mode:04o}), as a secret must not be: chmod 600 {shlex.quote(path)}")
-  if mode & 0o007: raise TokenFileError(path, setting, f"is open to others (mode {mode:04o}), as a secret must not be: chmod o-rwx {shlex.quote(path)}")
+  if mode & 0o007:
+    raise TokenFileError(path, setting, f"is open to others (mode {mode:04o}), as a secret must not be: chmod o-rwx {shlex.quote(path)}")
 
 def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
   """The token in the file at path, which setting named (for the message of a TokenFileError)."""
@@ -127,12 +165,13 @@ def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
   if not tok: raise TokenFileError(path, setting, "is empty: it must hold the runner's token (the file its --token-file names)")
   return tok
 
-def held_token(token:bytes|str|None, source:str|None=None) -> tuple[bytes|None, str|None]:
-  """The token a client holds and where it came from, for messages: token= as given (source: how its user gave it, e.g.
-  "--token-file F"), else the file METAL_RUNNER_TOKEN_FILE names, else none."""
+def held_token(token:bytes|str|None, source:str|None=None, addr:str|None=None) -> tuple[bytes|None, str|None]:
+  """The token a client holds for the runner at addr and where it came from, for messages: token= as given (source: how its user gave
+  it, e.g. "--token-file F"), else the file token_file() names, else none."""
   if token is not None: return (token.encode() if isinstance(token, str) else bytes(token)), source or "token="
-  if (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): return read_token(path), f"METAL_RUNNER_TOKEN_FILE={path}"
-  return None, None
+  if (tf := token_file(addr)) is None: return None, None
+  path, name = tf
+  return read_token(path, name), (f"{path} ({name})" if name == DEFAULT_SETTING else named("METAL_RUNNER_TOKEN_FILE", path))
 
 def _printable(b:bytes) -> str:
   """The first line of what a peer sent, short and printable, for a message."""
@@ -172,12 +211,12 @@ def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
   return st
 
 class Runner:
-  """A session on one runner, at addr "host:port" (a host alone: port 6667). connect_timeout bounds the TCP connect and the hello/auth exchange,
-  timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token (default: read from
-  METAL_RUNNER_TOKEN_FILE); token_source says how the caller's user gave it, for messages ("--token-file F"). A client that
-  holds a token refuses a runner that does not prove it holds it too (RunnerError EAUTH). Handles are client-chosen:
-  new_handle() gives one for any namespace. Raises ValueError for an address that is not HOST[:PORT], TokenFileError for a
-  token file that cannot be used, NotARunnerError when what answers is not a metal_runner."""
+  """A session on one runner, at addr "host:port" (a host alone: port 6667). connect_timeout bounds the TCP connect and the hello/auth
+  exchange, timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token (default: read from the
+  file METAL_RUNNER_TOKEN_FILE names for addr, else from ~/.metal_runner_token if it exists); token_source says how the caller's user
+  gave it, for messages ("--token-file F"). A client that holds a token refuses a runner that does not prove it holds it too (RunnerError
+  EAUTH). Handles are client-chosen: new_handle() gives one for any namespace. Raises ValueError for an address that is not HOST[:PORT],
+  TokenFileError for a token file that cannot be used, NotARunnerError when what answers is not a metal_runner."""
   def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None, cache:bool|None=None,
                token_source:str|None=None):
     hostport, addr = parse_addr(addr), full_addr(addr)
@@ -197,7 +236,7 @@ class Runner:
     self._rs: Replay|None = None      # with CAP_RESUME: what a resume after a dropped link needs (client/resume.py)
     self._stash: list = []            # errors read while waiting for a resume-window Tping, for the next waiting call
     self.connect_timeout = connect_timeout
-    self._token, self._token_from = held_token(token, token_source)
+    self._token, self._token_from = held_token(token, token_source, addr)
     try: self.sock = socket.create_connection(hostport, timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
     _runners.add(self)
@@ -271,7 +310,7 @@ class Runner:
   def _auth(self, snonce:bytes):
     if (token := self._token) is None:
       raise RunnerError(self.addr, P.EAUTH, "the runner requires a token: pass token= or set METAL_RUNNER_TOKEN_FILE to the runner's "
-                        "token file (the file its --token-file names)", None, "Tauth")
+                        "token file (the file its --token-file names), or save that file as ~/.metal_runner_token", None, "Tauth")
     cnonce = os.urandom(P.NONCE_SIZE)
     mac = hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
     try: f = self._wait(self._send(P.TAUTH, "Tauth", cnonce=cnonce, mac=mac), P.RAUTH)

@@ -8,9 +8,11 @@ pytestmark = pytest.mark.cpu_only
 TOKEN = b"probe test token"
 
 def probe(*args:str, env:dict|None=None) -> subprocess.CompletedProcess:
-  e = {k: v for k, v in os.environ.items() if k != "METAL_RUNNER_TOKEN_FILE"}
-  e.update(PYTHONPATH=str(ROOT), **(env or {}))
-  return subprocess.run([sys.executable, "-m", "client", "probe", *args], capture_output=True, text=True, timeout=60, env=e)
+  """No token unless args or env name one (set and empty, METAL_RUNNER_TOKEN_FILE means not even ~/.metal_runner_token); in env a value
+  of None unsets the variable."""
+  e = {**os.environ, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **(env or {})}
+  return subprocess.run([sys.executable, "-m", "client", "probe", *args], capture_output=True, text=True, timeout=60,
+                        env={k: v for k, v in e.items() if v is not None})
 
 @pytest.fixture(scope="module")
 def plain():
@@ -67,6 +69,14 @@ def test_probe_with_a_wrong_token_names_the_file_and_the_setting(authed, tmp_pat
   assert json.loads(p.stdout)["exit"] == 4
   p = probe(authed.addr, env={"METAL_RUNNER_TOKEN_FILE": str(bad)})
   assert p.returncode == 4 and f"refused the token from METAL_RUNNER_TOKEN_FILE={bad}" in p.stderr, p.stderr
+
+def test_probe_takes_the_token_in_home_when_none_is_named(authed, tmp_path):
+  (tmp_path / ".metal_runner_token").write_bytes(authed.token_file.read_bytes())
+  (tmp_path / ".metal_runner_token").chmod(0o600)
+  p = probe(authed.addr, "--pings", "0", env={"HOME": str(tmp_path), "METAL_RUNNER_TOKEN_FILE": None})
+  assert p.returncode == 0 and "token accepted" in p.stdout, p.stderr
+  p = probe(authed.addr, "--pings", "0", env={"HOME": str(tmp_path)})   # set and empty: no token at all
+  assert p.returncode == 4 and "the runner requires a token" in p.stderr and "~/.metal_runner_token" in p.stderr, p.stderr
 
 def test_probe_refuses_a_token_file_others_can_read(authed, tmp_path):
   (tf := tmp_path / "token").write_bytes(TOKEN)
