@@ -525,13 +525,17 @@ class Runner:
   def _check(self, desc):
     if self._dead is not None: raise RunnerConnectionError(self.addr, f"the connection is unusable: {self._dead}", _describe(desc))
 
+  def _why(self, why) -> str:
+    """What happened to the link, in words: why is an exception (an EOFError's str() is empty) or text."""
+    if isinstance(why, (TimeoutError, BlockingIOError)):
+      return f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
+    if isinstance(why, EOFError): return "the runner closed the connection"
+    if isinstance(why, OSError): return f"connection failed: {why}"
+    return str(why)   # e.g. the ValueError of a malformed frame: RunnerConnectionError's text is a str
+
   def _lost(self, why, desc, errors=()):
     """The connection is dead: say why (an exception or text), with the request in flight, and refuse all further use."""
-    if isinstance(why, (TimeoutError, BlockingIOError)):
-      why = f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
-    elif isinstance(why, EOFError): why = "the runner closed the connection"
-    elif isinstance(why, OSError): why = f"connection failed: {why}"
-    else: why = str(why)   # e.g. the ValueError of a malformed frame: RunnerConnectionError's text is a str
+    why = self._why(why)
     if errors: why = f"{why}, after reporting {errors[0].request}: {errors[0].code_name}: {errors[0].text}"
     desc = _describe(desc) if desc else None
     self.close()

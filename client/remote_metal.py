@@ -4,7 +4,8 @@
 # METAL_RUNNER=host:port[,host:port...] gives one runner per device index (DEV:0, DEV:1, ...); unset, a local runner is started.
 # With METAL_RUNNER set and DEV unset, the import connects to the first runner and makes its device tinygrad's default (DEV=METAL or
 # REMOTE, for child processes too): a program's work goes to the runner it names or nowhere, never to tinygrad's CPU device instead.
-# A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback).
+# A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback), as
+# does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
 import atexit, contextlib, hashlib, os, pathlib, re, select, signal, socket, subprocess, sys, threading, types
 from typing import cast
@@ -24,10 +25,13 @@ DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
 
 # *** a runner that cannot be used (RunnerUnavailable): one line that names it, says why and what to check. Uncaught, it ends the
 # program with that line alone: a traceback would show tinygrad's device set-up, not the mistake, which is in the environment.
+# A runner lost mid-run, or a link that could not be resumed (RunnerConnectionError), is one line too: its text names the runner and
+# what happened, and the chained tracebacks of the socket's errors say nothing more to the program's user (DEBUG>=1 shows them).
 
 def _one_line(prev):
   def hook(t, e, tb):
     if isinstance(e, RunnerUnavailable): print(e, file=sys.stderr)   # exit code 1, as for any uncaught exception
+    elif isinstance(e, RunnerConnectionError) and DEBUG < 1: print(f"metal_runner: {e}", file=sys.stderr)
     else: prev(t, e, tb)
   return hook
 sys.excepthook = _one_line(sys.excepthook)

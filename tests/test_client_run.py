@@ -350,6 +350,37 @@ def test_a_host_alone_is_the_runner_at_port_6667(scripts, how):
     python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr})
   stopped(p, "cannot use the runner at macbok.invalid:6667: the host name does not resolve", "")
 
+# *** a runner lost mid-run: one line, as at start-up
+
+LOST = "import sys\nfrom tinygrad import Tensor\nx = Tensor([1.0, 2.0]) + 1\nprint('ready', x.tolist(), flush=True)\nsys.stdin.readline()\n" \
+       "print((x * 2).tolist())\n"
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_a_runner_lost_mid_run_ends_the_program_with_one_line(tmp_path, debug):
+  (tmp_path / "lost.py").write_text(LOST)
+  r = RunnerProc()
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  p = subprocess.Popen([sys.executable, "-m", "client", "run", "--runner", r.addr, str(tmp_path / "lost.py")], env={**e, "PYTHONPATH": str(ROOT),
+                       "DEBUG": debug}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    while (line := p.stdout.readline()) and not line.startswith("ready"): pass   # DEBUG=1: tinygrad's lines first
+    assert line == "ready [2.0, 3.0]\n", p.communicate(timeout=30)[1][-3000:]
+    os.kill(r.proc.pid, signal.SIGKILL)   # the runner and its session processes (PR_SET_PDEATHSIG) are gone; its port is closed
+    r.proc.wait(10)
+    out, err = p.communicate("go\n", timeout=60)
+  finally:
+    if p.poll() is None: p.kill()
+    r.stop()
+  assert p.returncode == 1 and "[4.0, 6.0]" not in out and (out == "" or debug == "1"), (p.returncode, out, err)
+  if debug == "1":   # the whole story, for whoever debugs it
+    assert "Traceback" in err and "RunnerConnectionError" in err, err
+    return
+  lines = err.splitlines()
+  assert len(lines) == 1 and "Traceback" not in err, err
+  assert lines[0].startswith(f"metal_runner: runner {r.addr}: the link dropped (the runner closed the connection") or \
+    lines[0].startswith(f"metal_runner: runner {r.addr}: the link dropped (connection failed:"), lines[0]
+  assert "no longer listens" in lines[0] and "the session is lost" in lines[0] and "()" not in lines[0], lines[0]
+
 def test_a_device_opened_later_stops_with_one_line_too(shared):
   # DEV names the device: the runner is reached when the program first uses it, and an unusable one is still one line
   addr = dead_port()
