@@ -71,7 +71,7 @@ def load(addr:str, mib:int) -> dict:
   return json.loads(p.stdout.strip().splitlines()[-1])
 
 def main():
-  os.environ.pop("METAL_RUNNER_TOKEN_FILE", None)   # the runners measured here have no token: a client holding one would refuse them
+  os.environ["METAL_RUNNER_TOKEN_FILE"] = ""   # the runners measured here have no token: a client holding one (~/.metal_runner_token too) refuses
   ap = argparse.ArgumentParser()
   ap.add_argument("--mib", type=int, default=256)
   ap.add_argument("--rate-mbit", type=float, default=0)

@@ -150,7 +150,7 @@ def main():
   proc = None
   addr = a.runner
   if addr is None:
-    os.environ.pop("METAL_RUNNER_TOKEN_FILE", None)   # the runner started here has no token: a client holding one would refuse it
+    os.environ["METAL_RUNNER_TOKEN_FILE"] = ""   # the runner started here has no token: a client holding one (~/.metal_runner_token too) refuses it
     addr, proc = start_runner()
   try:
     c, work = setup(addr)

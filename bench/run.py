@@ -825,7 +825,7 @@ def build_rev(rev:str, work:pathlib.Path) -> str:
   return short
 
 def main():
-  os.environ.pop("METAL_RUNNER_TOKEN_FILE", None)   # the runners measured here have no token: a client holding one would refuse them
+  os.environ["METAL_RUNNER_TOKEN_FILE"] = ""   # the runners measured here have no token: a client holding one (~/.metal_runner_token too) refuses
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--quick", action="store_true", help="fewer and shorter runs (about a minute)")
   ap.add_argument("--remote011", action="store_true", help="also measure tinygrad 0.11.0's REMOTE device (creates bench/.venv011)")

@@ -1,16 +1,17 @@
-"""python -m client probe HOST:PORT [--token-file F] [--json]: what a runner is and how fast it answers.
+"""python -m client probe HOST[:PORT] [--token-file F] [--json]: what a runner is and how fast it answers.
 
 Prints what Rhello says (backend, device, CPU target or GPU family, capabilities, limits, protocol version), then measures the round
-trip (median of --pings Tping) and the write and read rates (--size bytes into one buffer and back, median of --repeat). HOST:PORT may be
-"auto": the first runner advertised with DNS-SD (client/discovery.py). With a token (--token-file, default $METAL_RUNNER_TOKEN_FILE)
-probe refuses a runner that does not prove it holds the same one. Exit codes: 0 ok, 2 usage (or not HOST:PORT), 3 unreachable,
+trip (median of --pings Tping) and the write and read rates (--size bytes into one buffer and back, median of --repeat). PORT is 6667
+unless given (an IPv6 address in brackets: [::1], [::1]:7000); the address may be "auto": the first runner advertised with DNS-SD
+(client/discovery.py). With a token (--token-file, default $METAL_RUNNER_TOKEN_FILE, else ~/.metal_runner_token if it exists)
+probe refuses a runner that does not prove it holds the same one. Exit codes: 0 ok, 2 usage (or not HOST[:PORT]), 3 unreachable,
 4 a token problem (the runner refused the token, wants one, or did not prove it holds ours; the token file cannot be used),
 5 the peer is not a metal_runner, 1 any other failure.
 """
 from __future__ import annotations
-import argparse, json, os, statistics, sys, time
+import argparse, json, statistics, sys, time
 from . import protocol as P
-from .connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, TokenFileError, read_token
+from .connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, TokenFileError, full_addr, held_token, read_token
 
 CAP_BITS = {P.CAP_AUTH: "auth", P.CAP_UNIFIED: "unified", P.CAP_CPU_IMAGE: "cpu_image", P.CAP_METALLIB: "metallib",
             P.CAP_METAL_SOURCE: "metal_source"}
@@ -86,15 +87,14 @@ def fail(args, code:int, msg:str) -> int:
 def probe(args) -> int:
   token = source = None
   try:
-    # read here, so that messages name this command's option, or the variable it defaults to
-    if args.token_file: token, source = read_token(args.token_file, "--token-file"), f"--token-file {args.token_file}"
-    elif (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")):
-      token, source = read_token(path, "METAL_RUNNER_TOKEN_FILE"), f"METAL_RUNNER_TOKEN_FILE={path}"
-    addr = args.addr
-    if addr == "auto":
+    addr = full_addr(args.addr)   # as messages show it: with its port
+    if args.addr == "auto":
       from .discovery import discover
       if not (found := discover()): return fail(args, EXIT_UNREACHABLE, "no runner advertised itself with DNS-SD (_metal-runner._tcp)")
       addr = found[0].addr
+    # read here, so that messages name this command's option, or what it defaults to: METAL_RUNNER_TOKEN_FILE, ~/.metal_runner_token
+    if args.token_file: token, source = read_token(args.token_file, "--token-file"), f"--token-file {args.token_file}"
+    else: token, source = held_token(None, None, addr)
   except TokenFileError as e: return fail(args, EXIT_AUTH, str(e))
   except (OSError, ValueError, RuntimeError) as e: return fail(args, EXIT_FAIL, str(e))
   t = time.perf_counter()
@@ -106,11 +106,11 @@ def probe(args) -> int:
   except RunnerError as e:
     if e.code == P.EAUTH and token is None:   # the library names its own ways to give a token (token=); this command has an option
       return fail(args, EXIT_AUTH, f"{addr}: the runner requires a token: pass --token-file FILE (or set METAL_RUNNER_TOKEN_FILE), the "
-                                   "file the runner's --token-file names")
+                                   "file the runner's --token-file names, or save that file as ~/.metal_runner_token")
     if e.code == P.EAUTH: return fail(args, EXIT_AUTH, f"{addr}: {e.text}")
     if e.code == P.EVERSION: return fail(args, EXIT_NOT_RUNNER, f"{addr} speaks another protocol version: {e.text}")
     return fail(args, EXIT_FAIL, f"{addr}: {e.reason()}")
-  except ValueError as e: return fail(args, EXIT_USAGE, str(e))   # not host:port
+  except ValueError as e: return fail(args, EXIT_USAGE, str(e))   # not HOST[:PORT]
   with r:
     d = describe(r, time.perf_counter() - t)
     try:
@@ -125,9 +125,10 @@ def main(argv=None) -> int:
   sub = ap.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("probe", help="show what a runner is and measure its round trip and copy rates",
                      description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("addr", metavar="HOST:PORT", help='the runner, or "auto" for the first one advertised with DNS-SD')
+  p.add_argument("addr", metavar="HOST[:PORT]", help='the runner (port 6667 unless given), or "auto" for the first one advertised with DNS-SD')
   p.add_argument("--token-file",
-                 help="the shared token (default: $METAL_RUNNER_TOKEN_FILE); a runner that does not prove it holds it is refused")
+                 help="the shared token (default: $METAL_RUNNER_TOKEN_FILE, else ~/.metal_runner_token if it exists); a runner that does not "
+                      "prove it holds it is refused")
   p.add_argument("--json", action="store_true", help="print one JSON object (on failure: addr, error, exit)")
   p.add_argument("--pings", type=int, default=20, help="pings for the round trip (default 20; 0: no measurements)")
   p.add_argument("--size", type=size_arg, default=16 << 20, help="bytes to write and read back (default 16M, capped by the runner's maxbuf)")

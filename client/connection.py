@@ -13,12 +13,14 @@ period is over. close() tells the runner the session ends now.
 
 Environment:
   METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
-  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped), when no token= is given.
-                           A client that holds a token refuses a runner that does not prove it holds the same (protocol.md,
-                           Authentication): one that asks for no token may be anyone
+  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped), when no token= is given:
+                           one for every runner, or one per address of METAL_RUNNER, comma-separated in the same order. Unset,
+                           ~/.metal_runner_token if it exists (as ssh takes ~/.ssh/id_*); set and empty, no token at all. A file
+                           that group or others can read is refused. A client that holds a token refuses a runner that does not
+                           prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, os, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, os, shlex, socket, struct, time, weakref
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, copy_max
 
@@ -62,10 +64,10 @@ class NotARunnerError(RunnerConnectionError):
   def __str__(self): return f"{self.addr} {self.text}"
 
 class TokenFileError(RunnerError):
-  """The token file cannot be used (missing, unreadable, empty): raised before any connection, naming the file and the setting that
-  named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
-  def __init__(self, path:str, setting:str, why:str):
-    super().__init__(None, P.EAUTH, f"the token file {path} ({setting}) {why}")
+  """The token file cannot be used (missing, unreadable, empty, open to others), or the files named do not match the runners: raised
+  before any connection, naming the file and the setting that named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
+  def __init__(self, path:str, setting:str, why:str, text:str|None=None):
+    super().__init__(None, P.EAUTH, text or f"the token file {path} ({setting}) {why}")
     self.path, self.setting = path, setting
   def reason(self) -> str: return self.text
   def __str__(self): return self.text if self.addr is None else f"runner {self.addr}: {self.text}"
@@ -86,27 +88,90 @@ class RunnerInfo:
   maxmsg: int       # the largest frame either side sends on this connection
   unified: bool     # device memory is host memory
 
+DEFAULT_PORT = 6667   # the runner's (daemon/main.c)
+
 def parse_addr(addr:str) -> tuple[str, int]:
-  host, sep, port = addr.rpartition(":")
-  if not sep or not port.isdigit(): raise ValueError(f"runner address {addr!r} is not host:port")
+  """(host, port) of "HOST:PORT", "[IPv6]:PORT", or HOST (or [IPv6]) alone at DEFAULT_PORT."""
+  if addr.startswith("["):
+    host, sep, rest = addr[1:].partition("]")
+    if not sep or rest and not rest.startswith(":"): raise ValueError(f"runner address {addr!r} is not HOST:PORT")
+    port = rest[1:] if rest else str(DEFAULT_PORT)
+  elif addr.count(":") > 1: raise ValueError(f"runner address {addr!r}: an IPv6 address goes in brackets, as in [::1]:6667")
+  else:
+    host, sep, port = addr.partition(":")
+    if not sep: port = str(DEFAULT_PORT)
+  if not port.isdigit(): raise ValueError(f"runner address {addr!r} is not HOST:PORT")
   if not 1 <= int(port) <= 65535: raise ValueError(f"runner address {addr!r}: port {int(port)} out of range 1-65535")
-  return host.strip("[]") or "localhost", int(port)
+  return host or "localhost", int(port)
+
+def full_addr(addr:str) -> str:
+  """addr with its port, as messages show it: "mac.local" is "mac.local:6667". One that is not HOST[:PORT] as given (Runner refuses it)."""
+  try: host, port = parse_addr(addr)
+  except ValueError: return addr
+  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+DEFAULT_TOKEN_FILE, DEFAULT_SETTING = "~/.metal_runner_token", "used when no token file is named"
+# python -m client run sets METAL_RUNNER and METAL_RUNNER_TOKEN_FILE from its options and lists here those it was given: a message then
+# names the option its user typed, not the variable
+RUN_OPTIONS = "METAL_RUNNER_CLIENT_RUN_OPTIONS"
+
+def setting(var:str) -> str:
+  """The name of var as the user gave it: python -m client run's option that set it (--runner, --token-file), else var itself."""
+  opt = {"METAL_RUNNER": "--runner", "METAL_RUNNER_TOKEN_FILE": "--token-file"}.get(var)
+  return opt if opt is not None and opt in os.environ.get(RUN_OPTIONS, "").split() else var
+
+def named(var:str, value:str) -> str:
+  """var and its value as the user gave them, for a message: "--runner a:6667" or "METAL_RUNNER=a:6667"."""
+  return f"{name} {value}" if (name := setting(var)) != var else f"{var}={value}"
+
+def token_file(addr:str|None=None) -> tuple[str, str]|None:
+  """The token file for the runner at addr, and the setting that named it (for messages), or None: METAL_RUNNER_TOKEN_FILE (one file
+  for every runner, or one per address of METAL_RUNNER, comma-separated in the same order); unset, ~/.metal_runner_token if it exists;
+  set and empty, none. TokenFileError when the files do not match the runners."""
+  if (v := os.environ.get("METAL_RUNNER_TOKEN_FILE")) is None:
+    return (path, DEFAULT_SETTING) if os.path.lexists(path := os.path.expanduser(DEFAULT_TOKEN_FILE)) else None
+  if not v.strip(): return None
+  name, files = setting("METAL_RUNNER_TOKEN_FILE"), [f.strip() for f in v.split(",")]
+  if len(files) == 1: return files[0], name
+  runners = os.environ.get("METAL_RUNNER", "").strip()
+  addrs = [] if runners.lower() == "auto" else [full_addr(a.strip()) for a in runners.split(",") if a.strip()]
+  if len(addrs) != len(files):
+    raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names {len(files)} token files, one per runner, but "
+                         f"{named('METAL_RUNNER', runners) if runners else setting('METAL_RUNNER') + ' is not set and'} names "
+                         f"{len(addrs) or 'no'} runner address{'es' if len(addrs) != 1 else ''}: give one file per address, in the same order, "
+                         "or one file for all")
+  if addr is None or (a := full_addr(addr)) not in addrs:
+    raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names one token file per runner of "
+                         f"{named('METAL_RUNNER', runners)}, which does not list {addr}")
+  return files[addrs.index(a)], name
+
+def _private(st:os.stat_result, path:str, setting:str):
+  """A token file others may read is refused, as ssh refuses such a key, and as the runner does (daemon/main.c): one of ours must be
+  closed to group and others, another owner's (a service's, root's and readable by its group) to others."""
+  mode = st.st_mode & 0o7777
+  if st.st_uid == os.getuid() and mode & 0o077:
+    raise TokenFileError(path, setting, f"is open to group or others (mode {mode:04o}), as a secret must not be: chmod 600 {shlex.quote(path)}")
+  if mode & 0o007:
+    raise TokenFileError(path, setting, f"is open to others (mode {mode:04o}), as a secret must not be: chmod o-rwx {shlex.quote(path)}")
 
 def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
   """The token in the file at path, which setting named (for the message of a TokenFileError)."""
   try:
-    with open(path, "rb") as f: tok = f.read()
+    with open(path, "rb") as f:
+      _private(os.fstat(f.fileno()), path, setting)
+      tok = f.read()
   except OSError as e: raise TokenFileError(path, setting, f"cannot be read: {e.strerror}") from None
   tok = tok.rstrip(b"\r\n")  # as the runner reads it
   if not tok: raise TokenFileError(path, setting, "is empty: it must hold the runner's token (the file its --token-file names)")
   return tok
 
-def held_token(token:bytes|str|None, source:str|None=None) -> tuple[bytes|None, str|None]:
-  """The token a client holds and where it came from, for messages: token= as given (source: how its user gave it, e.g.
-  "--token-file F"), else the file METAL_RUNNER_TOKEN_FILE names, else none."""
+def held_token(token:bytes|str|None, source:str|None=None, addr:str|None=None) -> tuple[bytes|None, str|None]:
+  """The token a client holds for the runner at addr and where it came from, for messages: token= as given (source: how its user gave
+  it, e.g. "--token-file F"), else the file token_file() names, else none."""
   if token is not None: return (token.encode() if isinstance(token, str) else bytes(token)), source or "token="
-  if (path := os.environ.get("METAL_RUNNER_TOKEN_FILE")): return read_token(path), f"METAL_RUNNER_TOKEN_FILE={path}"
-  return None, None
+  if (tf := token_file(addr)) is None: return None, None
+  path, name = tf
+  return read_token(path, name), (f"{path} ({name})" if name == DEFAULT_SETTING else named("METAL_RUNNER_TOKEN_FILE", path))
 
 def _printable(b:bytes) -> str:
   """The first line of what a peer sent, short and printable, for a message."""
@@ -146,15 +211,15 @@ def _args_struct(nbufs:int, nvals:int) -> struct.Struct:
   return st
 
 class Runner:
-  """A session on one runner, at addr "host:port". connect_timeout bounds the TCP connect and the hello/auth exchange,
-  timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token (default: read from
-  METAL_RUNNER_TOKEN_FILE); token_source says how the caller's user gave it, for messages ("--token-file F"). A client that
-  holds a token refuses a runner that does not prove it holds it too (RunnerError EAUTH). Handles are client-chosen:
-  new_handle() gives one for any namespace. Raises ValueError for an address that is not host:port, TokenFileError for a
-  token file that cannot be used, NotARunnerError when what answers is not a metal_runner."""
+  """A session on one runner, at addr "host:port" (a host alone: port 6667). connect_timeout bounds the TCP connect and the hello/auth
+  exchange, timeout (default: METAL_RUNNER_TIMEOUT, else 300 s) each later reply. token is the shared auth token (default: read from the
+  file METAL_RUNNER_TOKEN_FILE names for addr, else from ~/.metal_runner_token if it exists); token_source says how the caller's user
+  gave it, for messages ("--token-file F"). A client that holds a token refuses a runner that does not prove it holds it too (RunnerError
+  EAUTH). Handles are client-chosen: new_handle() gives one for any namespace. Raises ValueError for an address that is not HOST[:PORT],
+  TokenFileError for a token file that cannot be used, NotARunnerError when what answers is not a metal_runner."""
   def __init__(self, addr:str, timeout:float|None=None, connect_timeout:float=5.0, token:bytes|str|None=None, cache:bool|None=None,
                token_source:str|None=None):
-    hostport = parse_addr(addr)
+    hostport, addr = parse_addr(addr), full_addr(addr)
     self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
     self.cache = os.environ.get("METAL_RUNNER_CACHE", "1") != "0" if cache is None else cache
     self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends
@@ -172,7 +237,7 @@ class Runner:
     self._rs: Replay|None = None      # with CAP_RESUME: what a resume after a dropped link needs (client/resume.py)
     self._stash: list = []            # errors read while waiting for a resume-window Tping, for the next waiting call
     self.connect_timeout = connect_timeout
-    self._token, self._token_from = held_token(token, token_source)
+    self._token, self._token_from = held_token(token, token_source, addr)
     try: self.sock = socket.create_connection(hostport, timeout=connect_timeout)
     except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
     _runners.add(self)
@@ -246,7 +311,7 @@ class Runner:
   def _auth(self, snonce:bytes):
     if (token := self._token) is None:
       raise RunnerError(self.addr, P.EAUTH, "the runner requires a token: pass token= or set METAL_RUNNER_TOKEN_FILE to the runner's "
-                        "token file (the file its --token-file names)", None, "Tauth")
+                        "token file (the file its --token-file names), or save that file as ~/.metal_runner_token", None, "Tauth")
     cnonce = os.urandom(P.NONCE_SIZE)
     mac = hmac.new(token, AUTH_CLIENT + snonce + cnonce, hashlib.sha256).digest()
     try: f = self._wait(self._send(P.TAUTH, "Tauth", cnonce=cnonce, mac=mac), P.RAUTH)
@@ -475,13 +540,17 @@ class Runner:
   def _check(self, desc):
     if self._dead is not None: raise RunnerConnectionError(self.addr, f"the connection is unusable: {self._dead}", _describe(desc))
 
+  def _why(self, why) -> str:
+    """What happened to the link, in words: why is an exception (an EOFError's str() is empty) or text."""
+    if isinstance(why, (TimeoutError, BlockingIOError)):
+      return f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
+    if isinstance(why, EOFError): return "the runner closed the connection"
+    if isinstance(why, OSError): return f"connection failed: {why}"
+    return str(why)   # e.g. the ValueError of a malformed frame: RunnerConnectionError's text is a str
+
   def _lost(self, why, desc, errors=()):
     """The connection is dead: say why (an exception or text), with the request in flight, and refuse all further use."""
-    if isinstance(why, (TimeoutError, BlockingIOError)):
-      why = f"no reply within {self.timeout:g} s ({'connect_timeout' if self.info is None else 'METAL_RUNNER_TIMEOUT'})"
-    elif isinstance(why, EOFError): why = "the runner closed the connection"
-    elif isinstance(why, OSError): why = f"connection failed: {why}"
-    else: why = str(why)   # e.g. the ValueError of a malformed frame: RunnerConnectionError's text is a str
+    why = self._why(why)
     if errors: why = f"{why}, after reporting {errors[0].request}: {errors[0].code_name}: {errors[0].text}"
     desc = _describe(desc) if desc else None
     self.close()

@@ -92,12 +92,15 @@ def discover(timeout:float|None=None, backend:str|None=None, interfaces:list[str
 _auto: dict[str|None, list[str]] = {}   # backend -> addresses discovered for METAL_RUNNER=auto, once per process
 
 def runner_addrs(backend:str|None=None) -> list[str]:
-  """The runner addresses METAL_RUNNER names: host:port[,host:port...], "auto" (discovered on first use, for backend), or none (unset)."""
+  """The runner addresses METAL_RUNNER names: host[:port][,host[:port]...] (port 6667 by default), "auto" (discovered on first use, for
+  backend), or none (unset)."""
+  from .connection import full_addr, named
   v = os.environ.get("METAL_RUNNER", "").strip()
-  if v.lower() != "auto": return [a.strip() for a in v.split(",") if a.strip()]
+  if v.lower() != "auto": return [full_addr(a.strip()) for a in v.split(",") if a.strip()]
   if backend in _auto: return _auto[backend]
   if not (found := discover(backend=backend)):
-    raise RunnerUnavailable(f"metal_runner: METAL_RUNNER=auto: no {backend + ' ' if backend else ''}runner advertised itself with DNS-SD "
-                            f"(_metal-runner._tcp) within {os.environ.get('METAL_RUNNER_DISCOVER_TIMEOUT', 2)} s; start one with --advertise")
+    raise RunnerUnavailable(f"metal_runner: {named('METAL_RUNNER', 'auto')}: no {backend + ' ' if backend else ''}runner advertised "
+                            f"itself with DNS-SD (_metal-runner._tcp) within {os.environ.get('METAL_RUNNER_DISCOVER_TIMEOUT', 2)} s; start one "
+                            "with --advertise")
   _auto[backend] = [a.addr for a in found]   # every device index sees the same list, without listening again
   return _auto[backend]

@@ -4,13 +4,14 @@
 # METAL_RUNNER=host:port[,host:port...] gives one runner per device index (DEV:0, DEV:1, ...); unset, a local runner is started.
 # With METAL_RUNNER set and DEV unset, the import connects to the first runner and makes its device tinygrad's default (DEV=METAL or
 # REMOTE, for child processes too): a program's work goes to the runner it names or nowhere, never to tinygrad's CPU device instead.
-# A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback).
+# A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback), as
+# does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
 import atexit, contextlib, hashlib, os, pathlib, re, select, signal, socket, subprocess, sys, threading, types
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
-from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError
+from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError, TokenFileError, named, setting, token_file
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
 from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER
 from client.profile import RunnerProfiler
@@ -22,25 +23,32 @@ DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
 
 # *** a runner that cannot be used (RunnerUnavailable): one line that names it, says why and what to check. Uncaught, it ends the
 # program with that line alone: a traceback would show tinygrad's device set-up, not the mistake, which is in the environment.
+# A runner lost mid-run, or a link that could not be resumed (RunnerConnectionError), is one line too: its text names the runner and
+# what happened, and the chained tracebacks of the socket's errors say nothing more to the program's user (DEBUG>=1 shows them).
 
 def _one_line(prev):
   def hook(t, e, tb):
     if isinstance(e, RunnerUnavailable): print(e, file=sys.stderr)   # exit code 1, as for any uncaught exception
+    elif isinstance(e, RunnerConnectionError) and DEBUG < 1: print(f"metal_runner: {e}", file=sys.stderr)
     else: prev(t, e, tb)
   return hook
 sys.excepthook = _one_line(sys.excepthook)
 
 def unusable(addr:str, e:Exception) -> RunnerUnavailable:
   """The one line for a runner that cannot be used: its address, the reason and, where the reason does not say it, what to check."""
-  where = "check the address (METAL_RUNNER, or --runner of python -m client run) and that the runner is running there"
+  where = f"check the address ({setting('METAL_RUNNER')}) and that the runner is running there"
   if isinstance(e, NotARunnerError): return RunnerUnavailable(f"metal_runner: {e}; {where}")   # "HOST:PORT is not a metal_runner (...)"
   if isinstance(e, RunnerConnectionError):
     why = {socket.gaierror: "the host name does not resolve", ConnectionRefusedError: "nothing listens on that port"}.get(
       type(e.__context__), e.reason())   # the OSError that Runner() turned into "cannot connect"
     return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {why}; {where}")
   if isinstance(e, RunnerError) and e.code == EAUTH:   # the token: the library's text names the file, its setting and what to do
-    hint = "" if os.environ.get("METAL_RUNNER_TOKEN_FILE") else " (python -m client run: --token-file)"
-    return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.text}{hint}")
+    text = e.text
+    if e.request == "Tauth" and text.startswith("the runner requires a token"):   # the library's text names token=, not for a program
+      give = "pass --token-file FILE" if os.environ.get("METAL_RUNNER_CLIENT_RUN") == "1" else "set METAL_RUNNER_TOKEN_FILE=FILE"
+      text = (f"the runner requires a token: {give}, the runner's token file (the file its --token-file names), or save that file as "
+              "~/.metal_runner_token")
+    return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {text}")
   if isinstance(e, RunnerError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.reason()}")
   if isinstance(e, ValueError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}; {where}")   # not host:port
   return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}")
@@ -77,7 +85,8 @@ def start_local_runner(backend:str) -> str:
     if r.returncode != 0 or not exe.exists():
       raise RunnerUnavailable(f"metal_runner: no runner address in METAL_RUNNER and building {exe} failed:\n{(r.stdout + r.stderr)[-3000:]}")
   # a client that holds a token refuses a runner that does not prove it (client/connection.py): its own runner gets the token too
-  token = ["--token-file", tf] if (tf:=os.environ.get("METAL_RUNNER_TOKEN_FILE")) else []
+  try: token = ["--token-file", tf[0]] if (tf:=token_file()) else []
+  except TokenFileError as e: raise RunnerUnavailable(f"metal_runner: no runner address, so a local runner: {e}") from None
   local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *token],
                                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
   # its log goes to our stderr with DEBUG>=1; the pipes are drained all along, a full pipe would block the runner
@@ -223,8 +232,9 @@ class RemoteDevice(Compiled):
     self.is_metal, idx = device.split(":")[0] == "METAL", int(device.split(":")[1]) if ":" in device else 0
     want = "metal" if self.is_metal else "cpu"
     addrs = runner_addrs(want)   # METAL_RUNNER: addresses, or "auto" (DNS-SD, client/discovery.py)
-    if addrs and idx >= len(addrs): raise RunnerUnavailable(f"{device}: METAL_RUNNER={','.join(addrs)} has no runner for index {idx}")
-    # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE (client/connection.py)
+    if addrs and idx >= len(addrs):
+      raise RunnerUnavailable(f"{device}: {named('METAL_RUNNER', ','.join(addrs))} has no runner for index {idx}")
+    # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE, else ~/.metal_runner_token (client/connection.py)
     self.runner, self.runner_closed = connect(addrs[idx] if addrs else start_local_runner(want)), False
     self.profiler: RunnerProfiler|None = None
     self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]

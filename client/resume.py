@@ -175,7 +175,7 @@ def resume(r, why, desc):
   if rs.key is None: r._lost(why, desc)   # the runner's key had not arrived: nothing to resume with
   try: r.sock.close()
   except OSError: pass
-  grace = rs.key["grace"]
+  grace, why = rs.key["grace"], r._why(why)
   deadline, delay, last = time.monotonic() + grace, 0.05, why
   while True:
     r._rs = None   # the handshake's frames are not the session's stream

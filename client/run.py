@@ -4,12 +4,14 @@ Installs the runner's devices (client/remote_metal.py), makes the runner's devic
 for a CPU one) unless DEV is set, then runs the program as `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would: as __main__, with
 its sys.argv, its exit code, its own traceback and Ctrl-C as a KeyboardInterrupt in it. Child Python processes it starts (multiprocessing
 spawn and forkserver, tinygrad's BEAM workers, a subprocess) have the devices too and use the same runner (run_site/sitecustomize.py).
---runner sets METAL_RUNNER and --token-file METAL_RUNNER_TOKEN_FILE for the program and its children; with neither --runner nor
-METAL_RUNNER, a local runner is started once and stopped at exit. A runner that cannot be used stops the program before it starts, with
+--runner sets METAL_RUNNER and --token-file METAL_RUNNER_TOKEN_FILE for the program and its children (one token file for every runner, or
+one per --runner address, comma-separated in the same order; neither given nor set: ~/.metal_runner_token if it exists); with neither
+--runner nor METAL_RUNNER, a local runner is started once and stopped at exit. A runner that cannot be used stops the program before it starts, with
 one line that names it and says why (exit code 1): the program never runs on another device instead. docs/client-run.md has the details.
 """
 from __future__ import annotations
 import importlib.machinery, importlib.util, io, os, pathlib, runpy, sys, types, zipfile
+from .connection import RUN_OPTIONS
 from .discovery import RunnerUnavailable
 
 USAGE = "usage: python -m client run [--runner ADDR[,ADDR...]] [--token-file F] (SCRIPT | -m MODULE) [ARGS...]"
@@ -85,7 +87,8 @@ def main(argv:list[str]) -> int:
     print(f"python -m client run: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory", file=sys.stderr)
     return 2
   if "--runner" in opts: os.environ["METAL_RUNNER"] = opts["--runner"]
-  if "--token-file" in opts: os.environ["METAL_RUNNER_TOKEN_FILE"] = os.path.abspath(opts["--token-file"])
+  if "--token-file" in opts: os.environ["METAL_RUNNER_TOKEN_FILE"] = ",".join(os.path.abspath(f.strip()) for f in opts["--token-file"].split(","))
+  os.environ[RUN_OPTIONS] = " ".join(opts)   # messages name these options, not the variables they set (client/connection.py setting())
   setup_children()
   try:
     import client.remote_metal as rm   # with METAL_RUNNER set and DEV unset, connects and makes the runner's device the default

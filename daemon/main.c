@@ -6,12 +6,15 @@
  * read outside a signal handler; session processes ignore SIGHUP. A file
  * that cannot be read at SIGHUP leaves the token as it was.
  */
+#include <sys/stat.h>
+
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "advertise.h"
 #include "metal_runner.h"
@@ -138,11 +141,35 @@ static uint8_t *
 read_token(const char *path, size_t *len, char *err, size_t errlen)
 {
 	FILE *f = fopen(path, "rb");
+	struct stat st;
 	uint8_t *buf;
 	size_t n;
 
 	if (f == NULL) {
 		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return NULL;
+	}
+	if (fstat(fileno(f), &st) == -1) {
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		fclose(f);
+		return NULL;
+	}
+	/* A secret that others may read is not this runner's alone: refused,
+	 * as ssh refuses such a key, with the command that fixes it. Ours must
+	 * be closed to group and others; another owner's (a service's token,
+	 * root's and readable by the service's group) to others. */
+	if (st.st_uid == getuid() && (st.st_mode & 077) != 0) {
+		snprintf(err, errlen, "%s: the token file is open to group or "
+		    "others (mode %04o), as a secret must not be: chmod 600 %s",
+		    path, (unsigned)(st.st_mode & 07777), path);
+		fclose(f);
+		return NULL;
+	}
+	if ((st.st_mode & 007) != 0) {
+		snprintf(err, errlen, "%s: the token file is open to others "
+		    "(mode %04o), as a secret must not be: chmod o-rwx %s", path,
+		    (unsigned)(st.st_mode & 07777), path);
+		fclose(f);
 		return NULL;
 	}
 	/* One byte more than allowed tells a long file from a full one. */
@@ -395,7 +422,7 @@ main(int argc, char **argv)
 	}
 	if (token_path != NULL && (token = read_token(token_path, &cfg.tokenlen,
 	    err, sizeof(err))) == NULL) {
-		fprintf(stderr, "metal_runner: %s\n", err);
+		log_error("%s", err);
 		return 1;
 	}
 	cfg.token = token;

@@ -6,9 +6,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # METAL_RUNNER_BIN names a prebuilt daemon (e.g. the sanitizer build, tests/fuzz/sanitize_run.sh); otherwise make builds it
 DAEMON = pathlib.Path(os.environ.get("METAL_RUNNER_BIN") or ROOT / "daemon" / "metal_runner")
 if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
-# A token in the developer's environment is for their runner, not for the tokenless ones the tests start: a client that holds one
-# refuses every runner that does not prove it (client/connection.py). Tests that want a token set it themselves.
-os.environ.pop("METAL_RUNNER_TOKEN_FILE", None)
+# A token in the developer's environment, or in their ~/.metal_runner_token, is for their runner, not for the tokenless ones the tests
+# start: a client that holds one refuses every runner that does not prove it (client/connection.py). Set and empty, the variable means
+# no token at all. Tests that want a token set it themselves.
+os.environ["METAL_RUNNER_TOKEN_FILE"] = ""
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "cpu_only: runs kernels on a runner with the CPU backend (any host, no GPU)")

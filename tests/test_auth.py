@@ -93,6 +93,7 @@ def send_auth(c:Raw, token:bytes, cnonce:bytes|None=None, mac:bytes|None=None) -
 def token_file(tmp_path_factory):
   p = tmp_path_factory.mktemp("auth") / "token"
   p.write_bytes(TOKEN + b"\n")  # an editor's trailing newline is not part of the secret
+  p.chmod(0o600)   # the runner and the client refuse a token others can read
   return p
 
 @pytest.fixture(scope="module", params=["process", "thread"])
@@ -155,8 +156,19 @@ def test_other_loopback_addresses_need_no_token():
     c = Raw(f"127.0.0.2:{r.port}")
     assert c.ping(b"lo") == b"lo"
 
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_token_file_others_can_read_stops_the_runner_with_the_chmod_that_fixes_it(tmp_path, mode):
+  """As ssh refuses such a key: a token that group or others can read may be theirs too."""
+  (tf := tmp_path / "token").write_bytes(TOKEN)
+  tf.chmod(mode)
+  p = run_daemon("--token-file", str(tf))
+  lines = p.stderr.splitlines()
+  assert p.returncode != 0 and p.stdout == "" and len(lines) == 1, (p.returncode, p.stdout, p.stderr)
+  assert " error: " in lines[0] and str(tf) in lines[0] and f"(mode {mode:04o})" in lines[0] and lines[0].endswith(f"chmod 600 {tf}"), lines[0]
+
 def test_an_empty_or_missing_token_file_is_an_error(tmp_path):
   (tmp_path / "empty").write_bytes(b"\n")
+  (tmp_path / "empty").chmod(0o600)
   p = run_daemon("--token-file", str(tmp_path / "empty"))
   assert p.returncode != 0 and "the token file is empty" in p.stderr
   p = run_daemon("--token-file", str(tmp_path / "missing"))
@@ -228,6 +240,7 @@ def test_a_client_with_a_token_refuses_a_real_runner_started_without_one(token_f
 
 def test_a_wrong_token_names_the_file_it_came_from(ar, tmp_path, monkeypatch):
   (bad := tmp_path / "old.token").write_bytes(b"last year's token\n")
+  bad.chmod(0o600)
   monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(bad))
   with pytest.raises(conn.RunnerError) as e: conn.Runner(ar.addr, timeout=10)
   assert e.value.code == P.EAUTH and "wrong token" in str(e.value)
@@ -241,7 +254,7 @@ def test_no_token_where_one_is_needed_names_both_ways_to_give_it(ar, monkeypatch
 @pytest.mark.parametrize("bad", ["missing", "empty", "a directory"])
 def test_an_unusable_token_file_is_one_clear_error_naming_it_and_the_setting(bad, tmp_path, monkeypatch):
   path = tmp_path / "token"
-  if bad == "empty": path.write_bytes(b"\r\n")
+  if bad == "empty": path.write_bytes(b"\r\n"); path.chmod(0o600)
   if bad == "a directory": path.mkdir()
   monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(path))
   with pytest.raises(conn.TokenFileError) as e: conn.Runner("127.0.0.1:1")   # before any connection: nothing listens there
@@ -249,6 +262,16 @@ def test_an_unusable_token_file_is_one_clear_error_naming_it_and_the_setting(bad
   assert f"the token file {path} (METAL_RUNNER_TOKEN_FILE)" in msg and "\n" not in msg, msg
   assert {"missing": "No such file", "empty": "is empty", "a directory": "Is a directory"}[bad] in msg, msg
   assert isinstance(e.value, conn.RunnerError) and e.value.code == P.EAUTH
+
+def test_the_client_refuses_a_token_file_others_can_read(tmp_path, monkeypatch):
+  (tf := tmp_path / "token").write_bytes(TOKEN)
+  tf.chmod(0o644)
+  monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(tf))
+  with pytest.raises(conn.TokenFileError) as e: conn.Runner("127.0.0.1:1")   # before any connection
+  assert str(e.value) == (f"the token file {tf} (METAL_RUNNER_TOKEN_FILE) is open to group or others (mode 0644), as a secret "
+                          f"must not be: chmod 600 {tf}"), str(e.value)
+  tf.chmod(0o600)
+  with pytest.raises(conn.RunnerConnectionError, match="cannot connect"): conn.Runner("127.0.0.1:1")   # read, then nothing listens
 
 def test_the_local_runner_a_client_starts_gets_its_token(token_file):
   """With no METAL_RUNNER the devices start a runner of their own: a client that holds a token must be able to use it."""

@@ -12,8 +12,9 @@ from runner_proc import ROOT, RunnerProc, runner
 
 pytestmark = pytest.mark.cpu_only
 TOKEN = b"client run test token"
-# what the tests set themselves; anything else of the environment passes through, as for any program
-OWN_VARS = ("DEV", "DEBUG", "BEAM", "PARALLEL", "METAL_RUNNER", "METAL_RUNNER_TOKEN_FILE", "METAL_RUNNER_CLIENT_RUN")
+# what the tests set themselves; anything else of the environment passes through, as for any program (METAL_RUNNER_TOKEN_FILE set and
+# empty by conftest.py: no token, not even the developer's ~/.metal_runner_token, unless a test names one)
+OWN_VARS = ("DEV", "DEBUG", "BEAM", "PARALLEL", "METAL_RUNNER", "METAL_RUNNER_CLIENT_RUN")
 
 # a training script for plain tinygrad: it names no device, no runner, nothing of this project
 TRAIN = """
@@ -99,9 +100,11 @@ def scripts(tmp_path_factory):
   return d
 
 def python(*argv:str, env:dict|None=None, cwd=None, timeout:float=120) -> subprocess.CompletedProcess:
+  """argv in a python of its own; env adds to the environment, a value of None unsets the variable."""
   e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
   e.update({"PYTHONPATH": str(ROOT), **(env or {})})
-  return subprocess.run([sys.executable, *argv], env=e, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run([sys.executable, *argv], env={k: v for k, v in e.items() if v is not None}, cwd=cwd, capture_output=True, text=True,
+                        timeout=timeout)
 
 def client_run(*args:str, **kw) -> subprocess.CompletedProcess: return python("-m", "client", "run", *args, **kw)
 
@@ -121,6 +124,7 @@ def authed(tmp_path_factory):
   d = tmp_path_factory.mktemp("token")
   (d / "token").write_bytes(TOKEN + b"\n")
   (d / "wrong").write_bytes(b"not the token\n")
+  for f in ("token", "wrong"): (d / f).chmod(0o600)   # the runner and the client refuse a token others can read
   with runner("--token-file", str(d / "token")) as r:
     r.token, r.wrong, r.missing = d / "token", d / "wrong", d / "missing"
     yield r
@@ -144,6 +148,46 @@ def test_import_with_metal_runner_makes_the_runner_the_default(scripts, logged):
 
 def test_token_file(scripts, authed):
   trained(client_run("--runner", authed.addr, "--token-file", str(authed.token), str(scripts / "train.py")), "REMOTE")
+
+def test_the_token_in_home_is_used_when_none_is_named(scripts, authed, tmp_path):
+  # as ssh takes ~/.ssh/id_*: the README has the token saved there, and neither --token-file nor METAL_RUNNER_TOKEN_FILE is needed
+  (tmp_path / ".metal_runner_token").write_bytes(authed.token.read_bytes())
+  (tmp_path / ".metal_runner_token").chmod(0o600)
+  home = {"HOME": str(tmp_path), "METAL_RUNNER_TOKEN_FILE": None}
+  trained(client_run("--runner", authed.addr, str(scripts / "train.py"), env=home), "REMOTE")
+  trained(python(str(scripts / "import_train.py"), env={"METAL_RUNNER": authed.addr, **home}), "REMOTE")
+  (tmp_path / ".metal_runner_token").chmod(0o644)   # as ssh refuses such a key
+  stopped(client_run("--runner", authed.addr, str(scripts / "train.py"), env=home), authed.addr,
+          f"the token file {tmp_path}/.metal_runner_token (used when no token file is named) is open to group or others (mode 0644), as a "
+          f"secret must not be: chmod 600 {tmp_path}/.metal_runner_token")
+
+def test_a_token_file_per_runner(scripts, authed, tmp_path):
+  # two runners, two secrets: --token-file takes one file per --runner address, in the same order
+  (tf2 := tmp_path / "token2").write_bytes(b"the second runner's token\n")
+  tf2.chmod(0o600)
+  two = "from tinygrad import Tensor\nprint('sum', (Tensor([1.0, 2.0]) + Tensor([3.0, 4.0], device='REMOTE:1').to('REMOTE')).tolist())\n"
+  (tmp_path / "two.py").write_text(two)
+  (tmp_path / "import_two.py").write_text("import client.remote_metal\n" + two)
+  with runner("--token-file", str(tf2)) as r2:
+    addrs, files = f"{authed.addr},{r2.addr}", f"{authed.token},{tf2}"
+    p = client_run("--runner", addrs, "--token-file", files, str(tmp_path / "two.py"))
+    assert p.returncode == 0 and "sum [4.0, 6.0]" in p.stdout, (p.stdout, p.stderr[-3000:])
+    p = python(str(tmp_path / "import_two.py"), env={"METAL_RUNNER": addrs, "METAL_RUNNER_TOKEN_FILE": files})
+    assert p.returncode == 0 and "sum [4.0, 6.0]" in p.stdout, (p.stdout, p.stderr[-3000:])
+    # one file serves every runner; the wrong one for the second is refused, naming the file and the option
+    p = client_run("--runner", addrs, "--token-file", str(authed.token), str(tmp_path / "two.py"))
+    stopped(p, r2.addr, f"the runner refused the token from --token-file {authed.token}", ("METAL_RUNNER",))
+    p = client_run("--runner", addrs, "--token-file", f"{files},{tf2}", str(tmp_path / "two.py"))
+    stopped(p, "", f"--token-file {files},{tf2} names 3 token files, one per runner, but --runner {addrs} names 2 runner addresses",
+            ("METAL_RUNNER",))
+
+def test_an_index_without_a_runner_names_what_the_user_typed(tmp_path, shared):
+  (tmp_path / "shard.py").write_text(shard := "from tinygrad import Tensor\nprint(Tensor([1.0], device='REMOTE:1').tolist())\n")
+  (tmp_path / "import_shard.py").write_text("import client.remote_metal\n" + shard)
+  stopped(client_run("--runner", shared.addr, str(tmp_path / "shard.py")), "", f"REMOTE:1: --runner {shared.addr} has no runner for index 1",
+          ("METAL_RUNNER",))
+  stopped(python(str(tmp_path / "import_shard.py"), env={"METAL_RUNNER": shared.addr}), "",
+          f"REMOTE:1: METAL_RUNNER={shared.addr} has no runner for index 1", ("--runner",))
 
 def test_dev_given_is_kept(scripts, shared):
   trained(client_run("--runner", shared.addr, str(scripts / "train.py"), env={"DEV": "CPU"}), "CPU")
@@ -272,31 +316,70 @@ UNUSABLE = {   # case: (address of (runner with a token, runner without), token 
   "unresolvable": (lambda a, p: "macbok.invalid:6670", None, "does not resolve"),   # .invalid never resolves (RFC 6761)
   "dead_port": (lambda a, p: dead_port(), None, "nothing listens"),
   "wrong_token": (lambda a, p: a.addr, "wrong", "{token}"),
-  "no_token": (lambda a, p: a.addr, None, "METAL_RUNNER_TOKEN_FILE"),
+  "no_token": (lambda a, p: a.addr, None, "the runner requires a token: {give}"),
   "missing_token_file": (lambda a, p: a.addr, "missing", "{token}"),
   "runner_without_a_token": (lambda a, p: p.addr, "token", "{token}"),   # it cannot prove it holds ours: an impostor, maybe
 }
 
-def stopped(p:subprocess.CompletedProcess, addr:str, says:str):
+def stopped(p:subprocess.CompletedProcess, addr:str, says:str, unsaid:tuple[str, ...]=()):
   assert p.returncode != 0, (p.stdout, p.stderr)
   assert p.stdout == "", p.stdout   # the program computed nothing: not even its first line, on any device
   lines = p.stderr.splitlines()
   assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
   assert addr in lines[0] and says in lines[0], lines[0]
+  assert not [u for u in unsaid if u in lines[0]], lines[0]   # what the user did not type: a variable the wrapper set, token=
 
 @pytest.mark.parametrize("case", UNUSABLE)
 def test_client_run_stops_for_a_runner_it_cannot_use(scripts, authed, shared, case):
   where, token, says = UNUSABLE[case]
   addr, tf = where(authed, shared), str(getattr(authed, token)) if token else None
   p = client_run("--runner", addr, *(("--token-file", tf) if tf else ()), str(scripts / "train.py"))
-  stopped(p, addr, says.format(token=tf))
+  stopped(p, addr, says.format(token=tf, give="pass --token-file FILE"), ("token=", "METAL_RUNNER"))
 
 @pytest.mark.parametrize("case", UNUSABLE)
 def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, shared, case):
   where, token, says = UNUSABLE[case]
   addr, tf = where(authed, shared), str(getattr(authed, token)) if token else None
   p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr, **({"METAL_RUNNER_TOKEN_FILE": tf} if tf else {})})
-  stopped(p, addr, says.format(token=tf))
+  stopped(p, addr, says.format(token=tf, give="set METAL_RUNNER_TOKEN_FILE=FILE"), ("token=", "--token-file " + str(tf)))
+
+@pytest.mark.parametrize("how", ["client run", "import"])
+def test_a_host_alone_is_the_runner_at_port_6667(scripts, how):
+  addr = "macbok.invalid"   # never resolves (RFC 6761): the line shows the address as it was understood
+  p = client_run("--runner", addr, str(scripts / "train.py")) if how == "client run" else \
+    python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr})
+  stopped(p, "cannot use the runner at macbok.invalid:6667: the host name does not resolve", "")
+
+# *** a runner lost mid-run: one line, as at start-up
+
+LOST = "import sys\nfrom tinygrad import Tensor\nx = Tensor([1.0, 2.0]) + 1\nprint('ready', x.tolist(), flush=True)\nsys.stdin.readline()\n" \
+       "print((x * 2).tolist())\n"
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_a_runner_lost_mid_run_ends_the_program_with_one_line(tmp_path, debug):
+  (tmp_path / "lost.py").write_text(LOST)
+  r = RunnerProc()
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  p = subprocess.Popen([sys.executable, "-m", "client", "run", "--runner", r.addr, str(tmp_path / "lost.py")], env={**e, "PYTHONPATH": str(ROOT),
+                       "DEBUG": debug}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    while (line := p.stdout.readline()) and not line.startswith("ready"): pass   # DEBUG=1: tinygrad's lines first
+    assert line == "ready [2.0, 3.0]\n", p.communicate(timeout=30)[1][-3000:]
+    os.kill(r.proc.pid, signal.SIGKILL)   # the runner and its session processes (PR_SET_PDEATHSIG) are gone; its port is closed
+    r.proc.wait(10)
+    out, err = p.communicate("go\n", timeout=60)
+  finally:
+    if p.poll() is None: p.kill()
+    r.stop()
+  assert p.returncode == 1 and "[4.0, 6.0]" not in out and (out == "" or debug == "1"), (p.returncode, out, err)
+  if debug == "1":   # the whole story, for whoever debugs it
+    assert "Traceback" in err and "RunnerConnectionError" in err, err
+    return
+  lines = err.splitlines()
+  assert len(lines) == 1 and "Traceback" not in err, err
+  assert lines[0].startswith(f"metal_runner: runner {r.addr}: the link dropped (the runner closed the connection") or \
+    lines[0].startswith(f"metal_runner: runner {r.addr}: the link dropped (connection failed:"), lines[0]
+  assert "no longer listens" in lines[0] and "the session is lost" in lines[0] and "()" not in lines[0], lines[0]
 
 def test_a_device_opened_later_stops_with_one_line_too(shared):
   # DEV names the device: the runner is reached when the program first uses it, and an unusable one is still one line

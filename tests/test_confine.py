@@ -139,7 +139,7 @@ def test_the_core_pool_and_the_time_limit_work_confined(confined):
 def test_an_authenticated_session_is_confined_from_its_handshake(tmp_path, secret):
   # the handshake's nonce comes from getrandom(), not /dev/urandom: no file is opened once confined
   from client.connection import Runner
-  tok = tmp_path / "token"; tok.write_bytes(b"s3cret")
+  tok = tmp_path / "token"; tok.write_bytes(b"s3cret"); tok.chmod(0o600)
   path, _ = secret
   with runner("--token-file", str(tok)) as r:
     with Runner(r.addr, token=b"s3cret") as conn: assert conn.info.backend == "cpu"

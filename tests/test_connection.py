@@ -2,7 +2,7 @@
 import http.server, os, signal, socket, struct, threading, time
 import pytest
 from client import protocol as P
-from client.connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, parse_addr
+from client.connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, parse_addr, full_addr
 from runner_proc import runner
 from wire import compile_kernel, ADD1, CRASH
 
@@ -124,7 +124,17 @@ def test_a_server_that_closes_without_a_word_is_named_as_probably_not_a_runner()
   ls.close()
 
 @pytest.mark.parametrize("addr,why", [("127.0.0.1:66677", "port 66677 out of range 1-65535"), ("127.0.0.1:0", "port 0 out of range 1-65535"),
-                                      ("localhost", "is not host:port"), ("127.0.0.1:http", "is not host:port")])
+                                      ("127.0.0.1:http", "is not HOST:PORT"), ("127.0.0.1:", "is not HOST:PORT"),
+                                      ("[::1]x", "is not HOST:PORT"), ("::1", r"an IPv6 address goes in brackets, as in \[::1\]:6667")])
 def test_a_bad_address_is_refused_before_connecting(addr, why):
   with pytest.raises(ValueError, match=why): parse_addr(addr)
   with pytest.raises(ValueError, match=why): Runner(addr)
+
+@pytest.mark.parametrize("addr,hostport,full", [("mac.local", ("mac.local", 6667), "mac.local:6667"), ("10.0.0.2:7000", ("10.0.0.2", 7000), "10.0.0.2:7000"),
+                                                ("[::1]", ("::1", 6667), "[::1]:6667"), ("[::1]:7000", ("::1", 7000), "[::1]:7000"),
+                                                (":7000", ("localhost", 7000), "localhost:7000")])
+def test_a_host_alone_means_the_runners_default_port(addr, hostport, full):
+  assert parse_addr(addr) == hostport and full_addr(addr) == full
+
+def test_messages_name_the_address_with_its_port():
+  with pytest.raises(RunnerConnectionError, match="runner macbok.invalid:6667: cannot connect"): Runner("macbok.invalid")

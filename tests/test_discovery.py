@@ -45,6 +45,8 @@ def test_reachable_picks_the_address_that_accepts():
 def test_plain_addresses_do_not_need_zeroconf(monkeypatch):
   monkeypatch.setenv("METAL_RUNNER", " a:1, b:2 ")
   assert discovery.runner_addrs("cpu") == ["a:1", "b:2"]
+  monkeypatch.setenv("METAL_RUNNER", "a,[::1],[::1]:7000")   # a host alone is at the runner's default port
+  assert discovery.runner_addrs("cpu") == ["a:6667", "[::1]:6667", "[::1]:7000"]
   monkeypatch.delenv("METAL_RUNNER")
   assert discovery.runner_addrs() == []
   # and the tinygrad devices import no zeroconf unless asked to discover
@@ -194,6 +196,7 @@ def test_advertise_with_avahi_is_found_by_the_client(avahi, avahi_bin, tmp_path)
   loopback, with the TXT record the runner wrote; a second runner with the same name gets Avahi's alternative; stopping withdraws."""
   name = f"mr-avahi-{uuid.uuid4().hex[:8]}"
   (tf := tmp_path / "token").write_bytes(b"t0ken")
+  tf.chmod(0o600)
   env = {"DBUS_SYSTEM_BUS_ADDRESS": avahi}
   r1 = RunnerProc(f"--advertise={name}", "--token-file", str(tf), binary=avahi_bin, env=env)
   r2 = RunnerProc(f"--advertise={name}", "--isolation", "thread", binary=avahi_bin, env=env)

@@ -67,6 +67,7 @@ def appliance(binary, token_file, *args, **kw):
 def token_file(tmp_path):
   p = tmp_path / "token"
   p.write_bytes(os.urandom(32).hex().encode() + b"\n")  # a trailing newline, as an editor leaves it, is not part of the token
+  p.chmod(0o600)   # a token file is its owner's alone
   return p
 
 def token(path) -> bytes: return path.read_bytes().rstrip(b"\r\n")

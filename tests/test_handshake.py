@@ -42,6 +42,7 @@ def authenticate(c:Raw, token:bytes=TOKEN) -> tuple[int, dict]:
 def token_file(tmp_path):
   p = tmp_path / "token"
   p.write_bytes(TOKEN + b"\n")
+  p.chmod(0o600)   # the runner refuses a token others can read
   return p
 
 def handshake_lines(r) -> list[str]:

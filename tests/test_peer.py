@@ -85,6 +85,7 @@ def test_copy_observes_earlier_work_and_later_work_observes_it(daemon_bin):
 
 def test_a_runner_with_a_token_takes_a_peer_by_its_grant(daemon_bin, tmp_path):
   (tok := tmp_path / "token").write_bytes(b"shared token of both runners")
+  tok.chmod(0o600)
   with runners(2, "--token-file", str(tok)) as (ra, rb), Runner(ra.addr, token=tok.read_bytes()) as a, \
        Runner(rb.addr, token=tok.read_bytes()) as b:
     a.alloc(1, 4096); a.write(1, 0, pattern(4096, 4)); b.alloc(2, 4096)

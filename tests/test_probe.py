@@ -8,9 +8,11 @@ pytestmark = pytest.mark.cpu_only
 TOKEN = b"probe test token"
 
 def probe(*args:str, env:dict|None=None) -> subprocess.CompletedProcess:
-  e = {k: v for k, v in os.environ.items() if k != "METAL_RUNNER_TOKEN_FILE"}
-  e.update(PYTHONPATH=str(ROOT), **(env or {}))
-  return subprocess.run([sys.executable, "-m", "client", "probe", *args], capture_output=True, text=True, timeout=60, env=e)
+  """No token unless args or env name one (set and empty, METAL_RUNNER_TOKEN_FILE means not even ~/.metal_runner_token); in env a value
+  of None unsets the variable."""
+  e = {**os.environ, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **(env or {})}
+  return subprocess.run([sys.executable, "-m", "client", "probe", *args], capture_output=True, text=True, timeout=60,
+                        env={k: v for k, v in e.items() if v is not None})
 
 @pytest.fixture(scope="module")
 def plain():
@@ -22,6 +24,7 @@ def plain():
 def authed(tmp_path_factory):
   tf = tmp_path_factory.mktemp("probe") / "token"
   tf.write_bytes(TOKEN + b"\n")
+  tf.chmod(0o600)   # the runner and the client refuse a token others can read
   r = RunnerProc("--token-file", str(tf))
   r.token_file = tf
   yield r
@@ -59,12 +62,28 @@ def test_probe_with_the_token(authed):
 
 def test_probe_with_a_wrong_token_names_the_file_and_the_setting(authed, tmp_path):
   (bad := tmp_path / "bad").write_bytes(b"not the token")
+  bad.chmod(0o600)
   p = probe(authed.addr, "--token-file", str(bad), "--json")
   assert p.returncode == 4, (p.stdout, p.stderr)
   assert f"refused the token from --token-file {bad}" in p.stderr and "wrong token" in p.stderr, p.stderr
   assert json.loads(p.stdout)["exit"] == 4
   p = probe(authed.addr, env={"METAL_RUNNER_TOKEN_FILE": str(bad)})
   assert p.returncode == 4 and f"refused the token from METAL_RUNNER_TOKEN_FILE={bad}" in p.stderr, p.stderr
+
+def test_probe_takes_the_token_in_home_when_none_is_named(authed, tmp_path):
+  (tmp_path / ".metal_runner_token").write_bytes(authed.token_file.read_bytes())
+  (tmp_path / ".metal_runner_token").chmod(0o600)
+  p = probe(authed.addr, "--pings", "0", env={"HOME": str(tmp_path), "METAL_RUNNER_TOKEN_FILE": None})
+  assert p.returncode == 0 and "token accepted" in p.stdout, p.stderr
+  p = probe(authed.addr, "--pings", "0", env={"HOME": str(tmp_path)})   # set and empty: no token at all
+  assert p.returncode == 4 and "the runner requires a token" in p.stderr and "~/.metal_runner_token" in p.stderr, p.stderr
+
+def test_probe_refuses_a_token_file_others_can_read(authed, tmp_path):
+  (tf := tmp_path / "token").write_bytes(TOKEN)
+  tf.chmod(0o640)
+  p = probe(authed.addr, "--token-file", str(tf))
+  assert p.returncode == 4 and f"the token file {tf} (--token-file) is open to group or others (mode 0640)" in p.stderr, p.stderr
+  assert p.stderr.rstrip().endswith(f"chmod 600 {tf}"), p.stderr
 
 def test_probe_without_a_token_where_one_is_needed_names_its_option(authed):
   p = probe(authed.addr)
@@ -79,7 +98,7 @@ def test_probe_with_a_token_refuses_a_runner_that_asks_for_none(plain, authed):
 @pytest.mark.parametrize("bad", ["missing", "empty"])
 def test_probe_with_an_unusable_token_file(bad, tmp_path, authed):
   tf = tmp_path / "token"
-  if bad == "empty": tf.write_bytes(b"\n")
+  if bad == "empty": tf.write_bytes(b"\n"); tf.chmod(0o600)
   for args, env, named in [(("--token-file", str(tf)), None, "--token-file"), ((), {"METAL_RUNNER_TOKEN_FILE": str(tf)}, "METAL_RUNNER_TOKEN_FILE")]:
     p = probe(authed.addr, *args, env=env)
     assert p.returncode == 4 and f"the token file {tf} ({named})" in p.stderr, (p.stdout, p.stderr)
@@ -125,8 +144,14 @@ def test_probe_a_server_that_never_answers():
   assert p.returncode == 5 and "accepted the connection but never answered the handshake" in p.stderr, (p.stdout, p.stderr)
 
 def test_probe_bad_arguments():
-  p = probe("nohostport")
-  assert p.returncode == 2 and "is not host:port" in p.stderr, p.stderr
+  p = probe("127.0.0.1:http")
+  assert p.returncode == 2 and "is not HOST:PORT" in p.stderr, p.stderr
+  p = probe("::1")
+  assert p.returncode == 2 and "goes in brackets" in p.stderr, p.stderr
   p = probe("127.0.0.1:66677")
   assert p.returncode == 2 and "port 66677 out of range 1-65535" in p.stderr, p.stderr
   assert probe("127.0.0.1:1", "--size", "lots").returncode == 2
+
+def test_probe_a_host_alone_at_the_default_port():
+  p = probe("macbok.invalid")   # .invalid never resolves (RFC 6761): unreachable, at port 6667, not a usage error
+  assert p.returncode == 3 and "macbok.invalid:6667 is unreachable" in p.stderr, p.stderr

@@ -17,8 +17,8 @@ ON_THE_MAC = ["make -C daemon",
               "head -c 32 /dev/urandom | base64 > ~/.metal_runner_token && chmod 600 ~/.metal_runner_token",
               "./daemon/metal_runner --host 0.0.0.0 --port 6667 --token-file ~/.metal_runner_token"]
 ON_THE_HOST = ["scp mac.local:.metal_runner_token ~/ && chmod 600 ~/.metal_runner_token",
-               ".venv/bin/python -m client probe mac.local:6667 --token-file ~/.metal_runner_token",
-               ".venv/bin/python -m client run --runner mac.local:6667 --token-file ~/.metal_runner_token myscript.py"]
+               ".venv/bin/python -m client probe mac.local",   # port 6667 and ~/.metal_runner_token by default
+               ".venv/bin/python -m client run --runner mac.local myscript.py"]
 CASES = [QUICK_START, TEST_SH, MAC_REPORT, *ON_THE_MAC, *ON_THE_HOST]   # in the README's order
 
 # a tinygrad program as its user wrote it: it never names this project
@@ -69,7 +69,7 @@ def test_quick_start():
 def as_here(cmd:str, mac_home:pathlib.Path, port:int|None=None) -> str:
   """A README command with the Mac played here: its runner on 127.0.0.1 (port 0 picks a free one), scp a copy between the homes."""
   here = cmd.replace("--host 0.0.0.0 --port 6667", "--host 127.0.0.1 --port 0").replace("scp mac.local:", f"cp {shlex.quote(str(mac_home))}/")
-  if port is not None: here = here.replace("mac.local:6667", f"127.0.0.1:{port}")
+  if port is not None: here = here.replace("mac.local", f"127.0.0.1:{port}")   # the Mac's runner here listens on a port of its own
   assert "0.0.0.0" not in here and "mac.local" not in here, here
   return here
 

@@ -371,6 +371,7 @@ def test_memory_the_caller_changes_after_a_write_is_not_what_goes_again(copy):
 def test_the_client_resumes_with_its_token(tmp_path):
   tok = tmp_path / "token"
   tok.write_bytes(b"resume token\n")
+  tok.chmod(0o600)
   r = RunnerProc("--token-file", str(tok))
   try:
     with LinkCutter(r.addr) as lc, Runner(lc.addr, token=b"resume token") as c:

@@ -27,6 +27,7 @@ def daemon_options() -> set[str]:
 def runs_with(argv:list[str], tmp_path):
   """Start the runner with a service file's arguments, moved to loopback, a free port and a token file of the test's own."""
   (tf := tmp_path / "token").write_bytes(b"service token\n")
+  tf.chmod(0o600)
   args, i = [], 1
   while i < len(argv):
     a, v = argv[i], argv[i + 1] if i + 1 < len(argv) else None

@@ -31,6 +31,7 @@ def refused(addr:str, token:bytes) -> bool:
 def test_sighup_switches_new_sessions_to_the_new_token(tmp_path, iso):
   tf = tmp_path / "token"
   tf.write_bytes(A + b"\n")
+  tf.chmod(0o600)   # the runner refuses a token others can read
   r = RunnerProc("--token-file", str(tf), "--isolation", iso, "-v")
   try:
     old = Runner(r.addr, token=A)       # a session open across the reload
@@ -47,16 +48,19 @@ def test_sighup_switches_new_sessions_to_the_new_token(tmp_path, iso):
     assert not refused(r.addr, A) and r.alive()
   finally: r.stop()
 
-@pytest.mark.parametrize("bad", ["missing", "empty", "newlines only"])
+@pytest.mark.parametrize("bad", ["missing", "empty", "newlines only", "readable by others"])
 def test_sighup_with_an_unusable_token_file_keeps_the_token(tmp_path, bad):
   tf = tmp_path / "token"
   tf.write_bytes(A)
+  tf.chmod(0o600)
   r = RunnerProc("--token-file", str(tf))
   try:
     if bad == "missing": tf.unlink()
+    elif bad == "readable by others": tf.chmod(0o644)
     else: tf.write_bytes(b"" if bad == "empty" else b"\n\r\n")
     line = hup(r, "keeping the previous token")
-    assert str(tf) in line and ("No such file" in line if bad == "missing" else "empty" in line), line
+    why = {"missing": "No such file", "readable by others": f"chmod 600 {tf}"}.get(bad, "empty")
+    assert str(tf) in line and why in line, line
     assert r.alive()
     assert not refused(r.addr, A), "the token in force before the bad reload no longer works"
   finally: r.stop()
@@ -74,6 +78,7 @@ def test_sighup_many_times_while_clients_authenticate(tmp_path):
   never inherits that lock held). Every session must get in with the one token that the file holds throughout."""
   tf = tmp_path / "token"
   tf.write_bytes(A)
+  tf.chmod(0o600)
   for iso in ("thread", "process"):
     r = RunnerProc("--token-file", str(tf), "--isolation", iso)
     try:

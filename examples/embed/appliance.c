@@ -8,9 +8,11 @@
  *
  * The token file holds the shared secret clients must prove they know
  * (protocol.md, Tauth): arbitrary bytes, a trailing newline is ignored.
- * Provision each box with its own, e.g. head -c 32 /dev/urandom > token,
- * and give clients the same file (METAL_RUNNER_TOKEN_FILE). There is no
- * built-in token: every box that shared one would share the secret.
+ * Provision each box with its own, readable by its owner only, e.g.
+ * (umask 077; head -c 32 /dev/urandom > token), and give clients the same
+ * file (METAL_RUNNER_TOKEN_FILE, which they refuse when others can read
+ * it). There is no built-in token: every box that shared one would share
+ * the secret.
  * -n turns off the system call filter of session processes, as
  * metal_runner --no-confine does: only for valgrind and qemu-user, which
  * cannot run under it.

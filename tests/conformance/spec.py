@@ -116,6 +116,7 @@ class Pool:
     if self._dir is None: self._dir = tempfile.TemporaryDirectory(prefix="conformance")
     p = pathlib.Path(self._dir.name) / "token"
     p.write_bytes(TOKEN + b"\n")  # a trailing newline is not part of the token (Authentication)
+    p.chmod(0o600)   # a runner refuses a token file others can read
     return str(p)
 
   def start(self, isolation:str, opts:tuple[str, ...], nofile:int|None=None):

@@ -120,6 +120,7 @@ def test_a_runner_with_a_token_sets_cap_auth_and_proves_it_on_every_connection(t
 def test_replacing_the_token_never_drops_cap_auth_and_rauth_proves_the_new_one(target, tmp_path):
   old, new = b"the token before the reload", b"the token after the reload"
   (tf := tmp_path / "token").write_bytes(old)
+  tf.chmod(0o600)
   with target.fresh("--token-file", str(tf)) as t:
     def proves(token:bytes) -> bool:
       deadline = time.monotonic() + 5
@@ -330,6 +331,7 @@ def test_a_handshake_that_finds_the_sessions_full_gets_elimit_with_its_tag(targe
 def test_only_trailing_newlines_and_carriage_returns_are_removed_from_the_token(target, tmp_path):
   p = tmp_path / "token"
   p.write_bytes(b"\n tok\r\nen \t\n\r\n\r")
+  p.chmod(0o600)
   with target.fresh("--token-file", str(p)) as t:
     t.token = b"\n tok\r\nen \t"
     c = t.connect()
