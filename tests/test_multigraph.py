@@ -2,9 +2,9 @@
 by layers between them, is one Tgraphrun per runner per step with the copies passed runner to runner on links, and gives tinygrad's
 CPU device's results. Faults: a link cut between the runners, a runner that stalls past the frame timeout, a runner that dies, and
 runners that cannot reach each other (the copies then go through the client). Each program runs in a python of its own."""
-import json, os, signal, time
+import json, signal, time
 import pytest
-from conftest import ROOT, metal_runner_proc, needs_own_metal_runner, run_python, runner
+from conftest import metal_runner_proc, needs_own_metal_runner, run_python, runner
 from link_cutter import LinkCutter
 
 # A sharded step (tensor parallel: an all-reduce between the runners) and a layer split (.to() one way, the result back), both in one
@@ -125,7 +125,7 @@ def test_a_link_cut_between_runners_fails_that_step_and_the_next_makes_new_links
        LinkCutter(a0) as l0, LinkCutter(a1) as l1:
     import threading
     def cutter():
-      while not (done := stop.is_set()):
+      while not stop.is_set():
         if cut.exists():
           l0.cut(), l1.cut()
           cut.unlink()
