@@ -464,15 +464,19 @@ class Runner:
     body = b"".join(P.launch_record(*r) for r in records)
     self._send(P.TGRAPH, f"Tgraph graph={gid} ({len(records)} kernels)", 0, [body], graph=gid, count=len(records))
 
-  def graph_run(self, gid:int, patches=(), wait:bool=False, body:tuple[bytes, int]|None=None) -> float|None:
+  def graph_run(self, gid:int, patches=(), wait:bool=False, body:tuple[bytes, int]|None=None, flush:bool=True) -> float|None:
     """Apply patches [(entry, kind, index, handle, value)] (they persist) and run graph gid; with wait, return seconds. body: the patches
-    already packed, (bytes, count)."""
+    already packed, (bytes, count). flush=False: queued, for a caller that starts several runners' graphs at once (flush())."""
     data, count = body if body is not None else (b"".join(P.patch(*p) for p in patches), len(patches))
     tag = self._send(P.TGRAPHRUN, ("Tgraphrun graph={}", gid), P.FWAIT if wait else 0, [data], graph=gid, count=count)
     if wait: return self._wait(tag, P.RGRAPHRUN)["ns"] * 1e-9
     # a graph is a whole JIT batch: send it now, so the runner works (and a slow link carries it) while the program prepares the next
-    self._flush(self._sent[tag])
+    if flush: self._flush(self._sent[tag])
     return None
+
+  def flush(self):
+    """Send what is queued now."""
+    if self._out: self._flush("queued requests")
 
   def grant(self, h:int, offset:int, count:int, ttl:int=60) -> tuple[int, bytes]:
     """A one-time grant for another runner to write count bytes into buffer h at offset, for ttl seconds: (grant, secret).

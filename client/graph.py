@@ -160,12 +160,19 @@ class RemoteGraph(MultiGraphRunner):
       self._define(var_vals)
     bodies = dict(zip(self.parts, self._bodies(input_uops, var_vals)))
     t0 = time.perf_counter()
+    queued = []
     for step in self.plan:
       if isinstance(step, Part):
         if step.dev.profiler is not None: step.dev.profiler.issued(len(step.records))
         if len(self.plan) == 1: return step.dev.runner.graph_run(cast(int, step.gid), body=bodies[step], wait=wait)
-        step.dev.runner.graph_run(cast(int, step.gid), body=bodies[step])
-      else: self._host_copy(step, input_uops)
+        # queued, then sent to every runner at once: each starts as soon as it can, and none waits on a link for one not started yet
+        step.dev.runner.graph_run(cast(int, step.gid), body=bodies[step], flush=False)
+        queued.append(step.dev.runner)
+      else:
+        for r in queued: r.flush()
+        queued = []
+        self._host_copy(step, input_uops)
+    for r in queued: r.flush()
     if not wait: return None
     for d in self.devs: d.runner.sync()
     return time.perf_counter() - t0

@@ -512,6 +512,13 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	else
 		log_debug("session %u: graph %u, %u kernels not timed (no "
 		    "FWAIT)", s->id, t->graph, g->count);
+	if (nlinks > 0) {
+		log_debug("session %u: graph %u: %zu link entries, %.2f us "
+		    "waiting to receive, %.2f us in all", s->id, t->graph,
+		    nlinks, (double)s->link_wait_ns / 1e3,
+		    (double)(mono_ns() - t0) / 1e3);
+		s->link_wait_ns = 0;
+	}
 	if (!wait)
 		return 0;
 	memset(&r, 0, sizeof(r));

@@ -436,7 +436,9 @@ wait_links(struct session *s, struct link *l)
 static int
 recv_exact(struct session *s, struct link *l, uint8_t *dst, size_t n)
 {
+	int64_t t0;
 	ssize_t r;
+	int rc;
 
 	while (n > 0) {
 		if (l->fd == -1)
@@ -457,7 +459,10 @@ recv_exact(struct session *s, struct link *l, uint8_t *dst, size_t n)
 			break_link(s, l, "receiving: %s", strerror(errno));
 			return -1;
 		}
-		if (wait_links(s, l) == -1)
+		t0 = mono_ns();
+		rc = wait_links(s, l);
+		s->link_wait_ns += (uint64_t)(mono_ns() - t0);
+		if (rc == -1)
 			return -1;
 	}
 	return 0;

@@ -117,6 +117,7 @@ struct session {
 	struct htab links;
 	uint32_t nlinks;
 	struct link *linklist;
+	uint64_t link_wait_ns;	/* waiting for links to receive (-vv log) */
 
 	char err[PROTO_ERRLEN];
 };
