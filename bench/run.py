@@ -26,6 +26,9 @@ bench/tg_worker.py); this process starts the servers, pins processes and keeps t
                    --quick 3), 1,000 pipelined launches of an empty kernel then sync (median of 5); on/off, each run's own ratio
   7. network       only with --only network (about 15 minutes): over EMULATED links (bench/linkemu.c), this runner vs local tinygrad and
                    0.11's REMOTE: bench/netbench.py
+  8. multi         only with --only multi (about 6 minutes, --quick 1): several runners as one, bench/multirunner.py: greedy decoding
+                   with one runner pinned to one CPU against two runners pinned to a CPU each, tensor parallel and split by layers;
+                   small and wide models, loopback and emulated 10 GbE and 1 GbE (--profiles), ratios in the same run
 
 Round trips (C echo, ping, tinygrad's launch + read) are taken twice, with the server side (echo server, the runner's session process,
 0.11's server) pinned to the first CPU and the client pinned to the same CPU ("1 CPU") or to the second ("2 CPUs"): on a VM, waking a
@@ -810,6 +813,8 @@ def machine() -> dict:
 INFO: dict = {}
 NET: dict = {}   # --only network: bench/netbench.py's results
 import netbench  # noqa: E402
+MULTI: dict = {}   # --only multi: bench/multirunner.py's runs
+import multirunner  # noqa: E402
 
 def git(*a) -> str:
   return subprocess.check_output(["git", "-C", ROOT, *a], text=True, stderr=subprocess.PIPE).strip()
@@ -832,15 +837,17 @@ def main():
   ap.add_argument("--profiles", default=None, help="network: only these link profiles, e.g. loopback,1GbE (names in bench/netbench.py)")
   ap.add_argument("--reps", type=int, default=None, help="runs per figure (default 5, --quick 3; with --compare 7, --quick 5)")
   ap.add_argument("--only", default="link,conc,tinygrad,footprint,features", help="sections, from link,conc,tinygrad,footprint,features,network "
-                  "(network: over emulated links, bench/netbench.py; not in the default set, it takes about 15 minutes)")
+                  "(network: over emulated links, bench/netbench.py; not in the default set, it takes about 15 minutes; multi: several runners as one, "
+                  "bench/multirunner.py, not in the default set either)")
   ap.add_argument("--compare", metavar="REV", default=None, help="also build REV's daemon and client and measure both trees in the same run, "
                   "alternating: per figure new, old and their ratio (bench/results/compare.json)")
   args = ap.parse_args()
   reps = args.reps or (3 if args.quick else 5) + (2 if args.compare else 0)   # a ratio of two medians needs more runs than one figure
   only = set(args.only.split(","))
-  if args.compare and "network" in only:
-    log("--compare does not cover network: left out")
-    only.discard("network")
+  for sec in ("network", "multi"):
+    if args.compare and sec in only:
+      log(f"--compare does not cover {sec}: left out")
+      only.discard(sec)
   LOGS.mkdir(parents=True, exist_ok=True)
   t0, load0 = time.time(), os.getloadavg()
   INFO.update(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"), machine=machine(), quick=args.quick, reps=reps,
@@ -870,7 +877,10 @@ def main():
              ("footprint", "footprint", lambda: bench_footprint(reps)),
              ("features", "runner features on and off", lambda: bench_features(reps, args.quick)),
              ("network", "over emulated links",
-              lambda: NET.update(netbench.bench_network(sys.modules[__name__], SIDES[0].runner, log, args.quick, args.profiles)))]
+              lambda: NET.update(netbench.bench_network(sys.modules[__name__], SIDES[0].runner, log, args.quick, args.profiles))),
+             ("multi", "several runners as one", lambda: MULTI.update(multirunner.bench(2 if args.quick else 3,
+              ["small"] if args.quick else ["small", "wide"], (args.profiles or ("loopback" if args.quick else "loopback,10GbE,1GbE")).split(","),
+              20 if args.quick else 60)))]
     for key, name, fn in steps:
       if key not in only: continue
       log(f"{name} ...")
@@ -899,6 +909,10 @@ def main():
     return
   T = targets()
   print(table(T))
+  if MULTI:
+    MULTI["rows"] = multirunner.rows(MULTI)
+    (RESULTS / "multirunner.json").write_text(json.dumps({"info": INFO, **MULTI}, indent=1))
+    print("\n8. " + multirunner.table(MULTI["rows"], MULTI))
   if NET:
     (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET}, indent=1, ensure_ascii=False))   # the raw figures first
     (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET, "rows": netbench.derive(NET)}, indent=1, ensure_ascii=False))

@@ -2,9 +2,9 @@
 by layers between them, is one Tgraphrun per runner per step with the copies passed runner to runner on links, and gives tinygrad's
 CPU device's results. Faults: a link cut between the runners, a runner that stalls past the frame timeout, a runner that dies, and
 runners that cannot reach each other (the copies then go through the client). Each program runs in a python of its own."""
-import json, signal, time
+import json, os, signal, subprocess, sys, time
 import pytest
-from conftest import metal_runner_proc, needs_own_metal_runner, run_python, runner
+from conftest import ROOT, metal_runner_proc, needs_own_metal_runner, run_python, runner
 from link_cutter import LinkCutter
 
 # A sharded step (tensor parallel: an all-reduce between the runners) and a layer split (.to() one way, the result back), both in one
@@ -182,3 +182,18 @@ os._exit(0)   # the other device's connection is gone: no orderly shutdown
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.splitlines()[-1])
   assert out["err"] is not None and out["alive"] and out["seconds"] < 20, out
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("split", [False, True])
+def test_the_shard_llm_example_decodes_the_cpu_devices_tokens(daemon_bin, split):
+  """examples/shard_llm.py over two runners given with --runner, tensor parallel or split by layers (--split): --check decodes on
+  tinygrad's CPU device too and exits 1 if a token differs."""
+  with runner() as (a0, _), runner() as (a1, _):
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "shard_llm.py"), "--runner", f"{a0},{a1}", "--check", "--tokens", "12",
+                        "--blocks", "2", "--dim", "128", "--ffn", "256", "--heads", "4", "--vocab", "256", *(["--split"] if split else [])],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+  assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+  lines = r.stdout.splitlines()
+  assert lines[0].startswith(f"{'split' if split else 'tp'} over REMOTE:0, REMOTE:1: ") and len(lines[0].split(": ")[1].split()) == 12, lines
+  assert "tokens/s" in lines[1] and lines[-1] == "the same tokens as tinygrad's CPU device", lines
+  assert len(set(lines[0].split(": ")[1].split())) > 2, lines   # tokens that vary: the check compares something
