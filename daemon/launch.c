@@ -212,7 +212,6 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	const char *name = "?";
 	size_t off = sizeof(struct proto_tlaunch) - sizeof(struct proto_launch);
 	int wait = (m->h.flags & PROTO_FWAIT) != 0;
-	union proto_msg r;
 
 	if (proto_get_launch(frame, m->h.size, &off, &pl, args, vals,
 	    s->err) == -1 || off != m->h.size) {
@@ -257,11 +256,7 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 done:
 	if (!wait)
 		return 0;
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RLAUNCH;
-	r.h.tag = m->h.tag;
-	r.rtime.ns = ns;
-	return sess_reply(s, &r, NULL, 0);
+	return sess_reply_ns(s, PROTO_RLAUNCH, m->h.tag, ns);
 }
 
 static void
@@ -412,7 +407,6 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	const char *name = "?";
 	char gname[32];
 	uint64_t ns = 0, part;
-	union proto_msg r;
 
 	if (g == NULL) {
 		sess_errorf(s, t->h.tag, PROTO_EHANDLE,
@@ -521,11 +515,7 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 	}
 	if (!wait)
 		return 0;
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RGRAPHRUN;
-	r.h.tag = t->h.tag;
-	r.rtime.ns = ns;
-	return sess_reply(s, &r, NULL, 0);
+	return sess_reply_ns(s, PROTO_RGRAPHRUN, t->h.tag, ns);
 }
 
 int

@@ -161,7 +161,6 @@ sess_dial(struct session *s, const struct proto_tdial *t, const uint8_t *body)
 {
 	char host[PROTO_MAX_PEER_HOST + 1];
 	uint8_t cnonce[PROTO_NONCE_SIZE];
-	union proto_msg r;
 	struct link *l;
 	uint32_t code;
 	int64_t t0 = mono_ns();
@@ -190,11 +189,8 @@ sess_dial(struct session *s, const struct proto_tdial *t, const uint8_t *body)
 	l->fd = fd;
 	log_info("session %u: link %u %s connected in %lld us", s->id,
 	    l->handle, l->peer, (long long)(mono_ns() - t0) / 1000);
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RDIAL;
-	r.h.tag = t->h.tag;
-	r.rtime.ns = (uint64_t)(mono_ns() - t0);
-	return sess_reply(s, &r, NULL, 0);
+	return sess_reply_ns(s, PROTO_RDIAL, t->h.tag,
+	    (uint64_t)(mono_ns() - t0));
 }
 
 int

@@ -170,7 +170,6 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	char host[PROTO_MAX_PEER_HOST + 1];
 	uint8_t cnonce[PROTO_NONCE_SIZE];
 	const uint8_t *src;
-	union proto_msg r;
 	uint32_t code;
 	int64_t t0 = mono_ns();
 	int fd;
@@ -230,11 +229,8 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	log_info("session %u: sent %llu bytes to the runner at %s:%u in %lld "
 	    "us", s->id, (unsigned long long)t->count, host, t->port,
 	    (long long)(mono_ns() - t0) / 1000);
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RPEERSEND;
-	r.h.tag = t->h.tag;
-	r.rtime.ns = (uint64_t)(mono_ns() - t0);
-	return sess_reply(s, &r, NULL, 0);
+	return sess_reply_ns(s, PROTO_RPEERSEND, t->h.tag,
+	    (uint64_t)(mono_ns() - t0));
 }
 
 void

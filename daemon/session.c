@@ -172,6 +172,19 @@ sess_reply(struct session *s, union proto_msg *m, const void *data, size_t len)
 	return 0;
 }
 
+/* Rlaunch, Rgraphrun, Rpeersend or Rdial: a time in ns. */
+int
+sess_reply_ns(struct session *s, unsigned type, uint32_t tag, uint64_t ns)
+{
+	union proto_msg r;
+
+	memset(&r, 0, sizeof(r));
+	r.h.type = (uint16_t)type;
+	r.h.tag = tag;
+	r.rtime.ns = ns;
+	return sess_reply(s, &r, NULL, 0);
+}
+
 /* A request that waits failed: its error is its reply. */
 int
 sess_fail_reply(struct session *s)

@@ -138,6 +138,7 @@ int sess_error_long(struct session *s, uint32_t tag, uint32_t code,
     const char *prefix, const char *text);
 int sess_reply(struct session *s, union proto_msg *m, const void *data,
     size_t len);
+int sess_reply_ns(struct session *s, unsigned type, uint32_t tag, uint64_t ns);
 int sess_fail_reply(struct session *s);
 int sess_fatal(struct session *s, uint32_t tag, uint32_t code,
     const char *text);
