@@ -96,7 +96,7 @@ def test_auto_finds_a_runner_published_on_loopback(monkeypatch):
     mine = [a for a in found if a.name in (name, other)]
     assert [(a.name, a.addr, a.backend, a.auth) for a in mine] == [(name, r.addr, "cpu", False), (other, "127.0.0.1:9", "metal", False)]
     monkeypatch.setenv("METAL_RUNNER", "auto")
-    monkeypatch.setenv("METAL_RUNNER_DISCOVER_TIMEOUT", "1.5")
+    monkeypatch.setenv("METAL_RUNNER_DISCOVER_TIMEOUT", "3")
     monkeypatch.setenv("METAL_RUNNER_DISCOVER_INTERFACES", "127.0.0.1")
     monkeypatch.setattr(discovery, "_auto", {})
     addrs = discovery.runner_addrs("cpu")

@@ -113,6 +113,18 @@ def sessions() -> dict[str, bytes]:
             .req(P.TPEERSEND, b"127.0.0.1", handle=9, count=8, port=1, hostlen=9)
             .req(P.TPEERSEND, b"127.0.0.1", handle=1, count=8, port=1, hostlen=9, grant=1 << 32 | 1)
             .req(P.TPEER, magic=P.MAGIC, grant=1 << 32 | 1, count=16).bytes(),
+    # links between runners: a listening link and its programs, launches and a graph with link entries (nobody connects: EPEER), bad
+    # shapes and handles, Tdials refused before any connection, a Tpeer for the link grant, Tunlink
+    "links": S().alloc(1, 64).req(P.TLISTEN, link=3, ttl=60).req(P.TLISTEN, link=3, ttl=60).req(P.TLISTEN, link=4, ttl=0)
+             .load(5, nbufs=1, nvals=2, name=b"recv", image=b"", kind=P.PROG_LINK_RECV, arch=0, entry=3)
+             .load(6, nbufs=1, nvals=2, name=b"send", image=b"", kind=P.PROG_LINK_SEND, arch=0, entry=3)
+             .load(7, nbufs=2, nvals=2, name=b"bad", image=b"", kind=P.PROG_LINK_SEND, arch=0, entry=3)
+             .launch(5, [(1, 0)], [16, 1], g=(1, 1, 1), wait=True).launch(6, [(1, 0)], [16, 1], g=(1, 1, 1)).launch(5, [(1, 60)], [16, 1], g=(1, 1, 1))
+             .graph(8, [rec(5, [(1, 0)], [8, 2]), rec(6, [(1, 8)], [8, 3])]).graphrun(8, [patch(0, P.PATCH_VAL, 0, 0, 4)], wait=True)
+             .req(P.TDIAL, b"", link=9, port=1).req(P.TDIAL, b"a\0", link=9, port=1, hostlen=2)
+             .req(P.TDIAL, b"127.0.0.1", link=9, port=1, hostlen=9, grant=1 << 32 | 1)
+             .req(P.TPEER, magic=P.MAGIC, grant=1 << 32 | 1, count=0).req(P.TUNLINK, link=3).req(P.TUNLINK, link=3)
+             .launch(5, [(1, 0)], [16, 1], g=(1, 1, 1)).ping().bytes(),
     "peer_first": S(hello=False).req(P.TPEER, magic=P.MAGIC, grant=1 << 32 | 1, count=16).bytes(),
     "no_hello": S(hello=False).ping().bytes(),
     "bad_magic": S(hello=False).req(P.THELLO, magic=0x12345678, version=1, maxmsg=P.DEFAULT_MAXMSG).bytes(),
@@ -151,6 +163,8 @@ def frames() -> dict[str, bytes]:
     "have_bad_count": P.pack(P.THAVE, 12, payload_len=31, count=1) + bytes(31),
     "writehash": P.pack(P.TWRITEHASH, 13, handle=1, offset=8, count=64, hash=bytes(range(32))),
     "size_wraps": P.pack(P.TWRITE, 10, size=0xffffffff, handle=1, offset=0, count=0xffffffffffffffe0),
+    "dial": P.pack(P.TDIAL, 14, payload_len=9, link=1, port=6667, hostlen=9, grant=1 << 32 | 1, secret=bytes(range(32))) + b"127.0.0.1",
+    "dial_bad_hostlen": P.pack(P.TDIAL, 15, payload_len=3, link=1, port=6667, hostlen=9) + b"abc",
   })
   return out
 
