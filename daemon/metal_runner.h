@@ -19,7 +19,9 @@ struct mr_config {
 	int port;			/* 0: any free port */
 	const char *backend;		/* "cpu", "metal"; NULL: the platform's best */
 	const char *device;		/* backend device selector, may be NULL */
-	int verbose;			/* 1: log sessions, 2: every kernel and its time */
+	int verbose;			/* -1: warnings and errors only; 0: a line
+					 * per client; 1: session details; 2:
+					 * every kernel and its time */
 	enum be_isolation isolation;	/* 0: the backend's default */
 	uint32_t maxmsg;		/* largest frame accepted */
 	uint64_t session_mem;		/* bytes of buffers per session, 0: no limit */
@@ -73,6 +75,9 @@ int mr_serve(const struct mr_config *cfg);
  * second SIGINT or SIGTERM to the handlers mr_serve() installed ends the
  * program. */
 void mr_stop(void);
+/* Whether a stop was asked for: a session thread tells its client's end
+ * from the runner's by it. */
+int mr_stopping(void);
 
 /* slots.c: the session table. */
 /* Memory accounting shared by all sessions (and their processes). */
@@ -139,6 +144,7 @@ void htab_clear(struct htab *t, void (*fn)(void *val, void *arg), void *arg);
 
 /* log.c */
 extern int log_verbose;
+void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

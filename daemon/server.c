@@ -64,6 +64,8 @@ struct thread_arg {
 /* Set by mr_stop(), from any thread, and by SIGINT and SIGTERM; lock-free,
  * so the signal handler may set it too. */
 static atomic_int stopping;
+/* What stopped it, for its last line: the signal, or 0. */
+static atomic_int stop_why;
 /* Set while stop_sessions() waits for session threads that cannot be
  * interrupted. */
 static atomic_int stop_waiting;
@@ -119,6 +121,12 @@ mr_stop(void)
 	stopping = 1;
 }
 
+int
+mr_stopping(void)
+{
+	return stopping;
+}
+
 static void
 on_hup_signal(int sig)
 {
@@ -135,6 +143,7 @@ on_stop_signal(int sig)
 		signal(sig, SIG_DFL);
 		raise(sig);
 	}
+	stop_why = sig;
 	stopping = 1;
 }
 
@@ -163,7 +172,11 @@ reap(int block)
 			log_warn("session %u ended: %s", sl->id,
 			    strerror(errno));
 		else if (WIFSIGNALED(status) && stopping)
-			log_info("session %u stopped", sl->id);
+			/* Its own line, as a thread's session logs it. */
+			(sl->announced ? log_notice : log_info)("session %u: "
+			    "ended: the runner stopped; %.1f s, %llu requests",
+			    sl->id, (double)(mono_ms() - sl->started) / 1000,
+			    (unsigned long long)sl->nreq);
 		else if (WIFSIGNALED(status))
 			log_warn("session %u ended by signal %d", sl->id,
 			    WTERMSIG(status));
@@ -490,7 +503,8 @@ serve(const struct mr_config *cfg)
 			    "their handshake; try again later");
 			continue;
 		}
-		log_info("session %u: connected from %s", next_id, peer);
+		log_info("session %u: accepted a connection from %s", next_id,
+		    peer);
 		if (resume_open(cfg, slot) == -1)
 			log_warn("session %u: no control socket (%s): it cannot "
 			    "be resumed", next_id, strerror(errno));
@@ -542,8 +556,11 @@ serve(const struct mr_config *cfg)
 	}
 	if ((lost = device_lost(&ctx)) != NULL)
 		log_warn("stopping, %d sessions open: %s", nactive, lost);
+	else if (stop_why != 0)
+		log_notice("stopping on %s: %d sessions open", stop_why ==
+		    SIGINT ? "SIGINT" : "SIGTERM", nactive);
 	else
-		log_info("stopping: %d sessions open", nactive);
+		log_notice("stopping: %d sessions open", nactive);
 	close(lfd);
 	lfd = -1;
 	stop_sessions(iso, lost != NULL);	/* returns with none left */
@@ -575,5 +592,6 @@ mr_serve(const struct mr_config *cfg)
 	 * (a program may stop its runner before its thread got this far);
 	 * after that a program may serve again. */
 	stopping = 0;
+	stop_why = 0;
 	return rc;
 }
