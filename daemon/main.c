@@ -78,6 +78,9 @@ usage(FILE *f)
 "      --advertise[=NAME]  announce the runner with DNS-SD as\n"
 "                          _metal-runner._tcp (default name: the host's);\n"
 "                          refused without --token-file beyond loopback\n"
+"      --exit-with-stdin   stop (as on SIGTERM) when stdin reaches its end:\n"
+"                          a program that starts the runner with a pipe as\n"
+"                          its stdin ends it by ending, however it ends\n"
 "  -h, --help              show this help\n"
 "  -V, --version           show the version\n"
 "\n"
@@ -253,7 +256,7 @@ main(int argc, char **argv)
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
 	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
 	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
-	    O_CACHESIZE, O_RGRACE, O_RLOG };
+	    O_CACHESIZE, O_RGRACE, O_RLOG, O_STDIN };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
@@ -281,6 +284,7 @@ main(int argc, char **argv)
 		{ "advertise", optional_argument, NULL, O_ADVERTISE },
 		{ "cache-dir", required_argument, NULL, O_CACHEDIR },
 		{ "cache-size", required_argument, NULL, O_CACHESIZE },
+		{ "exit-with-stdin", no_argument, NULL, O_STDIN },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 }
@@ -409,6 +413,9 @@ main(int argc, char **argv)
 			break;
 		case O_CACHEDIR:
 			cfg.cache_dir = optarg;
+			break;
+		case O_STDIN:
+			cfg.watch_stdin = 1;
 			break;
 		case O_CACHESIZE:
 			if (parse_size(optarg, &cfg.cache_size) == -1 ||

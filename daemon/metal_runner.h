@@ -48,6 +48,9 @@ struct mr_config {
 					 * send again on a resume */
 	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
 	size_t tokenlen;
+	int watch_stdin;		/* 1: stop when stdin reaches its end (the
+					 * program that started the runner holds
+					 * the pipe's other end) */
 	/* Called once the socket listens, with the bound port. */
 	void (*on_listen)(const char *host, int port, void *arg);
 	void *on_listen_arg;

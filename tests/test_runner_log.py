@@ -86,7 +86,7 @@ def test_help_says_what_goes_to_stdout_and_stderr():
   text = " ".join(out.split())
   assert "With --port 0 the chosen port is printed" not in text
   assert 'prints "listening on HOST:PORT" on stdout (with --port 0, the port chosen)' in text, out
-  assert "Its log goes to stderr" in text and "nothing per request" in text and "-q, --quiet" in text
+  assert "Its log goes to stderr" in text and "nothing per request" in text and "-q, --quiet" in text and "--exit-with-stdin" in text
   # as the code does: that line on stdout, the log (here the stop's line) on stderr
   p = subprocess.Popen([str(build()), "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
