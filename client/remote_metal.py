@@ -66,7 +66,13 @@ def connect(addr:str) -> Runner:
 
 local_runners: list[subprocess.Popen] = []
 # a forked child's atexit must not stop its parent's runners (nor may its SIGTERM): they are the parent's to stop
-if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=local_runners.clear)
+def forget_local_runners():
+  """A forked child (multiprocessing, compile workers) does not own its parent's runners: it drops them, and its copies of their stdin
+  pipes, whose end is what ends each runner when the parent ends (--exit-with-stdin)."""
+  for proc in local_runners:
+    if proc.stdin is not None: proc.stdin.close()
+  local_runners.clear()
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=forget_local_runners)
 
 def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
   if proc.poll() is None:
@@ -75,6 +81,7 @@ def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
     except subprocess.TimeoutExpired:
       proc.kill()
       proc.wait()
+  if proc.stdin is not None: proc.stdin.close()
 
 def start_local_runner(backend:str) -> str:
   if backend == "metal" and sys.platform != "darwin":
@@ -87,8 +94,10 @@ def start_local_runner(backend:str) -> str:
   # a client that holds a token refuses a runner that does not prove it (client/connection.py): its own runner gets the token too
   try: token = ["--token-file", tf[0]] if (tf:=token_file()) else []
   except TokenFileError as e: raise RunnerUnavailable(f"metal_runner: no runner address, so a local runner: {e}") from None
-  local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *token],
-                                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+  # its stdin is a pipe only this process holds: however the process ends, SIGKILL included, the pipe closes and the runner stops
+  # (--exit-with-stdin); Linux's PR_SET_PDEATHSIG would fire when the thread that started it ends, and macOS has none
+  local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *token,
+                                               "--exit-with-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
   # its log goes to our stderr with DEBUG>=1; the pipes are drained all along, a full pipe would block the runner
   log: list[bytes] = []
   def drain(f, keep:bool):
@@ -108,7 +117,7 @@ def start_local_runner(backend:str) -> str:
 def stop_runners_on_signals():
   """SIGTERM and SIGHUP end a Python program without its atexit functions, which would leave the local runners running: stop them,
   then end as the signal would have. Only where the program left the signal's default action, and only from the main thread (a
-  handler can be set only there); a SIGKILL still leaves them."""
+  handler can be set only there). A SIGKILL cannot be caught: it ends them by closing their stdin (--exit-with-stdin)."""
   if threading.current_thread() is not threading.main_thread(): return
   def stop_then_die(signum, frame):
     for proc in local_runners: stop_runner(proc)

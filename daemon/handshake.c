@@ -243,6 +243,6 @@ sess_auth(struct session *s, const union proto_msg *m, const char *peer)
 	r.h.tag = m->h.tag;
 	memcpy(r.rauth.mac, smac, sizeof(smac));
 	s->state = S_READY;
-	log_info("session %u: authenticated", s->id);
+	log_notice("session %u: authenticated", s->id);
 	return sess_reply(s, &r, NULL, 0);
 }

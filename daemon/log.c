@@ -1,5 +1,13 @@
-/* log.c: timestamped log lines on stderr, one write per line so lines
- * from concurrent sessions never interleave. */
+/*
+ * log.c: timestamped log lines on stderr, one write per line so lines
+ * from concurrent sessions never interleave.
+ *
+ * Levels, by log_verbose: notices (-1 with -q hides them) are the few
+ * lines an operator reads as sshd's: a client came, authenticated, left,
+ * the runner stopped; never one per request. info (-v) adds a session's
+ * details and every failed request, debug (-vv) every kernel. Warnings
+ * and errors are always shown.
+ */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +34,18 @@ log_line(const char *level, const char *fmt, va_list ap)
 		n = (int)sizeof(line) - 2;
 	line[n++] = '\n';
 	(void)!write(STDERR_FILENO, line, (size_t)n);
+}
+
+void
+log_notice(const char *fmt, ...)
+{
+	va_list ap;
+
+	if (log_verbose < 0)
+		return;
+	va_start(ap, fmt);
+	log_line("", fmt, ap);
+	va_end(ap);
 }
 
 void

@@ -39,7 +39,9 @@ usage(FILE *f)
 "  -p, --port N            TCP port (default 6667; 0 picks a free one)\n"
 "  -b, --backend NAME      metal or cpu (default: metal on macOS, else cpu)\n"
 "  -d, --device N          device index for the metal backend\n"
-"  -v, --verbose           log sessions; twice: every kernel and its time\n"
+"  -v, --verbose           log each session's details and failed requests;\n"
+"                          twice: every kernel and its time\n"
+"  -q, --quiet             log only warnings and errors\n"
 "      --isolation MODE    process or thread (default: the backend's:\n"
 "                          cpu uses a process per session, metal threads)\n"
 "      --token-file PATH   require clients to prove they know this secret\n"
@@ -76,12 +78,20 @@ usage(FILE *f)
 "      --advertise[=NAME]  announce the runner with DNS-SD as\n"
 "                          _metal-runner._tcp (default name: the host's);\n"
 "                          refused without --token-file beyond loopback\n"
+"      --exit-with-stdin   stop (as on SIGTERM) when stdin reaches its end:\n"
+"                          a program that starts the runner with a pipe as\n"
+"                          its stdin ends it by ending, however it ends\n"
 "  -h, --help              show this help\n"
 "  -V, --version           show the version\n"
 "\n"
-"Sizes take a K, M or G suffix. With --port 0 the chosen port is printed\n"
-"on stdout as \"listening on HOST:PORT\". SIGHUP reads the token file\n"
-"again.\n");
+"Sizes take a K, M or G suffix. Once it listens the runner prints\n"
+"\"listening on HOST:PORT\" on stdout (with --port 0, the port chosen),\n"
+"and nothing else there. Its log goes to stderr: a start-up line with\n"
+"the backend and the address; by default one line when a client\n"
+"connects (its address and session number), authenticates, and ends\n"
+"(how, its time, requests and bytes), one when a peer runner connects,\n"
+"one when a signal stops it; nothing per request. SIGINT and SIGTERM\n"
+"end the sessions and exit 0. SIGHUP reads the token file again.\n");
 }
 
 /* A mistake on the command line: getopt (or the caller) has named it in one
@@ -246,13 +256,14 @@ main(int argc, char **argv)
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
 	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
 	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
-	    O_CACHESIZE, O_RGRACE, O_RLOG };
+	    O_CACHESIZE, O_RGRACE, O_RLOG, O_STDIN };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
 		{ "backend", required_argument, NULL, 'b' },
 		{ "device", required_argument, NULL, 'd' },
 		{ "verbose", no_argument, NULL, 'v' },
+		{ "quiet", no_argument, NULL, 'q' },
 		{ "isolation", required_argument, NULL, O_ISO },
 		{ "token-file", required_argument, NULL, O_TOKEN },
 		{ "allow-unauthenticated", no_argument, NULL, O_UNAUTH },
@@ -273,6 +284,7 @@ main(int argc, char **argv)
 		{ "advertise", optional_argument, NULL, O_ADVERTISE },
 		{ "cache-dir", required_argument, NULL, O_CACHEDIR },
 		{ "cache-size", required_argument, NULL, O_CACHESIZE },
+		{ "exit-with-stdin", no_argument, NULL, O_STDIN },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 }
@@ -288,7 +300,7 @@ main(int argc, char **argv)
 	mr_config_defaults(&cfg);
 	cfg.on_listen = on_listen;
 	cfg.on_listen_arg = &la;
-	while ((li = -1, c = getopt_long(argc, argv, "H:p:b:d:vhV", opts,
+	while ((li = -1, c = getopt_long(argc, argv, "H:p:b:d:vqhV", opts,
 	    &li)) != -1) {
 		switch (c) {
 		case 'H':
@@ -316,7 +328,10 @@ main(int argc, char **argv)
 			cfg.device = optarg;
 			break;
 		case 'v':
-			cfg.verbose++;
+			cfg.verbose = cfg.verbose < 0 ? 1 : cfg.verbose + 1;
+			break;
+		case 'q':
+			cfg.verbose = -1;
 			break;
 		case O_ISO:
 			if (strcmp(optarg, "process") == 0)
@@ -398,6 +413,9 @@ main(int argc, char **argv)
 			break;
 		case O_CACHEDIR:
 			cfg.cache_dir = optarg;
+			break;
+		case O_STDIN:
+			cfg.watch_stdin = 1;
 			break;
 		case O_CACHESIZE:
 			if (parse_size(optarg, &cfg.cache_size) == -1 ||

@@ -19,7 +19,9 @@ struct mr_config {
 	int port;			/* 0: any free port */
 	const char *backend;		/* "cpu", "metal"; NULL: the platform's best */
 	const char *device;		/* backend device selector, may be NULL */
-	int verbose;			/* 1: log sessions, 2: every kernel and its time */
+	int verbose;			/* -1: warnings and errors only; 0: a line
+					 * per client; 1: session details; 2:
+					 * every kernel and its time */
 	enum be_isolation isolation;	/* 0: the backend's default */
 	uint32_t maxmsg;		/* largest frame accepted */
 	uint64_t session_mem;		/* bytes of buffers per session, 0: no limit */
@@ -46,6 +48,9 @@ struct mr_config {
 					 * send again on a resume */
 	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
 	size_t tokenlen;
+	int watch_stdin;		/* 1: stop when stdin reaches its end (the
+					 * program that started the runner holds
+					 * the pipe's other end) */
 	/* Called once the socket listens, with the bound port. */
 	void (*on_listen)(const char *host, int port, void *arg);
 	void *on_listen_arg;
@@ -73,6 +78,9 @@ int mr_serve(const struct mr_config *cfg);
  * second SIGINT or SIGTERM to the handlers mr_serve() installed ends the
  * program. */
 void mr_stop(void);
+/* Whether a stop was asked for: a session thread tells its client's end
+ * from the runner's by it. */
+int mr_stopping(void);
 
 /* slots.c: the session table. */
 /* Memory accounting shared by all sessions (and their processes). */
@@ -139,6 +147,7 @@ void htab_clear(struct htab *t, void (*fn)(void *val, void *arg), void *arg);
 
 /* log.c */
 extern int log_verbose;
+void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -429,15 +429,15 @@ sess_peer_route(struct session *s, const union proto_msg *m,
 		uint8_t out[PROTO_HDR_SIZE + 8 + 256];
 		size_t n;
 
-		log_info("session %u: peer connection from %s for session %u: "
-		    "%s", s->id, s->peer, owner, s->err);
+		log_notice("session %u: peer connection from %s for session "
+		    "%u: %s", s->id, s->peer, owner, s->err);
 		n = proto_put_rerror(out, sizeof(out), m->h.tag, PROTO_EGRANT,
 		    "no session of this runner holds that grant");
 		net_send_all(s->fd, out, n);
 		return -1;
 	}
-	log_info("session %u: peer connection from %s handed to session %u",
-	    s->id, s->peer, owner);
+	log_notice("session %u: peer connection from %s handed to session "
+	    "%u", s->id, s->peer, owner);
 	return 0;
 }
 

@@ -710,6 +710,7 @@ resume_take(struct session *s)
 	slot_get((uint32_t)s->slot)->fd = fd;
 	s->inlen = s->inoff = 0;
 	s->linkdown = 0;
+	s->end[0] = '\0';	/* the drop did not end it */
 	s->maxmsg = h.maxmsg;	/* the new connection's, from here on */
 	s->last_active = time(NULL);	/* the idle limit runs from here */
 	rs->resumes++;
@@ -725,7 +726,7 @@ resume_take(struct session *s)
 		s->linkdown = 1;	/* and the client may try again */
 	back = rs->total - h.received;
 	s->bytes_out += sizeof(frame) + back;
-	log_info("session %u: resumed from %s (resume %u): %llu requests "
+	log_notice("session %u: resumed from %s (resume %u): %llu requests "
 	    "processed, %llu bytes of replies sent again", s->id, h.peer,
 	    rs->resumes, (unsigned long long)s->nproc,
 	    (unsigned long long)back);
@@ -784,6 +785,7 @@ resume_wait(struct session *s)
 	struct resume *rs = s->rs;
 	int grace = s->ctx->cfg->resume_grace;
 	int64_t deadline, left;
+	char how[sizeof(s->end)];
 	int n;
 
 	if (rs == NULL || !s->linkdown || rs->lost)
@@ -802,7 +804,7 @@ resume_wait(struct session *s)
 		s->fd = -1;
 		slot_get((uint32_t)s->slot)->fd = -1;
 	}
-	log_info("session %u: link lost after %llu requests; waiting up to %d "
+	log_notice("session %u: link lost after %llu requests; waiting up to %d "
 	    "s for the client to resume", s->id, (unsigned long long)s->nproc,
 	    grace);
 	deadline = mono_ms() + (int64_t)grace * 1000;
@@ -830,6 +832,10 @@ resume_wait(struct session *s)
 	}
 	log_warn("session %u: not resumed within %d s; ending it", s->id,
 	    grace);
+	snprintf(how, sizeof(how), "%s", s->end[0] ? s->end :
+	    "connection lost");
+	snprintf(s->end, sizeof(s->end), "the link dropped (%.64s) and the "
+	    "client did not resume within %d s", how, grace);
 	return -1;
 }
 
@@ -908,6 +914,7 @@ resume_request(struct session *s, const struct proto_tresume *t)
 		    "cannot pass the connection on") == -1 ? -2 : 0;
 	log_info("session %u: passed on to resume session %u", s->id,
 	    t->session);
+	sess_end(s, "passed on to resume session %u", t->session);
 	s->handed = 1;
 	return -2;
 }

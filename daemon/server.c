@@ -64,6 +64,9 @@ struct thread_arg {
 /* Set by mr_stop(), from any thread, and by SIGINT and SIGTERM; lock-free,
  * so the signal handler may set it too. */
 static atomic_int stopping;
+/* What stopped it, for its last line: the signal, or STOP_STDIN. */
+static atomic_int stop_why;
+#define STOP_STDIN	(-1)
 /* Set while stop_sessions() waits for session threads that cannot be
  * interrupted. */
 static atomic_int stop_waiting;
@@ -119,6 +122,12 @@ mr_stop(void)
 	stopping = 1;
 }
 
+int
+mr_stopping(void)
+{
+	return stopping;
+}
+
 static void
 on_hup_signal(int sig)
 {
@@ -135,6 +144,7 @@ on_stop_signal(int sig)
 		signal(sig, SIG_DFL);
 		raise(sig);
 	}
+	stop_why = sig;
 	stopping = 1;
 }
 
@@ -163,7 +173,11 @@ reap(int block)
 			log_warn("session %u ended: %s", sl->id,
 			    strerror(errno));
 		else if (WIFSIGNALED(status) && stopping)
-			log_info("session %u stopped", sl->id);
+			/* Its own line, as a thread's session logs it. */
+			(sl->announced ? log_notice : log_info)("session %u: "
+			    "ended: the runner stopped; %.1f s, %llu requests",
+			    sl->id, (double)(mono_ms() - sl->started) / 1000,
+			    (unsigned long long)sl->nreq);
 		else if (WIFSIGNALED(status))
 			log_warn("session %u ended by signal %d", sl->id,
 			    WTERMSIG(status));
@@ -257,6 +271,26 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	}
 	sess_serve(ctx, fd, id, slot, peer);
 	_exit(0);
+}
+
+/*
+ * --exit-with-stdin: stdin is a pipe whose other end the program that
+ * started the runner holds, however that program ends (SIGKILL too) the
+ * pipe closes. Unlike Linux's PR_SET_PDEATHSIG, which fires when the
+ * thread that started the runner ends, this works on macOS too. Whatever
+ * arrives is read and dropped; the end of the file, or an error, is the
+ * answer.
+ */
+static int
+stdin_ended(void)
+{
+	char buf[512];
+	ssize_t n;
+
+	while ((n = read(STDIN_FILENO, buf, sizeof(buf))) == -1 &&
+	    errno == EINTR)
+		;
+	return n == 0 || (n == -1 && errno != EAGAIN && errno != EWOULDBLOCK);
 }
 
 /* The backend's device is gone for good (backend.h, lost), or NULL. */
@@ -418,7 +452,8 @@ serve(const struct mr_config *cfg)
 	if (cfg->on_listen != NULL)
 		cfg->on_listen(cfg->host, port, cfg->on_listen_arg);
 
-	if ((pfds = calloc(slot_count() + 1, sizeof(*pfds))) == NULL ||
+	/* The listening socket, a control socket per slot, and stdin. */
+	if ((pfds = calloc(slot_count() + 2, sizeof(*pfds))) == NULL ||
 	    (pslots = calloc(slot_count() + 1, sizeof(*pslots))) == NULL) {
 		log_warn("out of memory");
 		goto out;
@@ -426,7 +461,7 @@ serve(const struct mr_config *cfg)
 	/* A device lost for good (a session saw it) stops the runner as a
 	 * stop request does, but as a failure: see below. */
 	while (!stopping && device_lost(&ctx) == NULL) {
-		int fd, slot, n, i, nctl, full;
+		int fd, slot, n, i, nctl, nfds, full;
 
 		if (iso == BE_ISOLATE_PROCESS)
 			reap(0);
@@ -444,7 +479,13 @@ serve(const struct mr_config *cfg)
 		pfds[0].revents = 0;
 		nctl = resume_pollfds(pfds + 1, pslots, (int)slot_count());
 		pthread_mutex_unlock(&slots_lock);
-		n = poll(pfds, (nfds_t)nctl + 1, 500);
+		nfds = nctl + 1;
+		if (cfg->watch_stdin) {
+			pfds[nfds].fd = STDIN_FILENO;
+			pfds[nfds].events = POLLIN;
+			pfds[nfds++].revents = 0;
+		}
+		n = poll(pfds, (nfds_t)nfds, 500);
 		if (n <= 0)
 			continue;
 		pthread_mutex_lock(&slots_lock);
@@ -452,6 +493,12 @@ serve(const struct mr_config *cfg)
 			if (pfds[i + 1].revents & POLLIN)
 				resume_route(pslots[i]);
 		pthread_mutex_unlock(&slots_lock);
+		if (cfg->watch_stdin && pfds[nctl + 1].revents != 0 &&
+		    stdin_ended()) {
+			stop_why = STOP_STDIN;
+			stopping = 1;
+			continue;
+		}
 		if (!(pfds[0].revents & POLLIN))
 			continue;
 		if ((fd = net_accept(lfd, peer, sizeof(peer))) == -1)
@@ -490,7 +537,8 @@ serve(const struct mr_config *cfg)
 			    "their handshake; try again later");
 			continue;
 		}
-		log_info("session %u: connected from %s", next_id, peer);
+		log_info("session %u: accepted a connection from %s", next_id,
+		    peer);
 		if (resume_open(cfg, slot) == -1)
 			log_warn("session %u: no control socket (%s): it cannot "
 			    "be resumed", next_id, strerror(errno));
@@ -542,8 +590,15 @@ serve(const struct mr_config *cfg)
 	}
 	if ((lost = device_lost(&ctx)) != NULL)
 		log_warn("stopping, %d sessions open: %s", nactive, lost);
+	else if (stop_why == STOP_STDIN)
+		log_notice("stopping: stdin closed, so the program that started "
+		    "the runner is gone (--exit-with-stdin); %d sessions open",
+		    nactive);
+	else if (stop_why != 0)
+		log_notice("stopping on %s: %d sessions open", stop_why ==
+		    SIGINT ? "SIGINT" : "SIGTERM", nactive);
 	else
-		log_info("stopping: %d sessions open", nactive);
+		log_notice("stopping: %d sessions open", nactive);
 	close(lfd);
 	lfd = -1;
 	stop_sessions(iso, lost != NULL);	/* returns with none left */
@@ -575,5 +630,6 @@ mr_serve(const struct mr_config *cfg)
 	 * (a program may stop its runner before its thread got this far);
 	 * after that a program may serve again. */
 	stopping = 0;
+	stop_why = 0;
 	return rc;
 }

@@ -29,6 +29,7 @@
 #include "cache.h"
 #include "monotime.h"
 #include "session.h"
+#include "slots.h"
 
 #define IN_MIN 65536		/* input buffer kept between frames */
 #define MAX_QUEUED_ERRORS 64
@@ -192,10 +193,23 @@ sess_fail_reply(struct session *s)
 	return sess_drain_errors(s);
 }
 
+void
+sess_end(struct session *s, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (s->end[0] != '\0')
+		return;
+	va_start(ap, fmt);
+	vsnprintf(s->end, sizeof(s->end), fmt, ap);
+	va_end(ap);
+}
+
 /* A framing or state error: tell the client, then end the session. */
 int
 sess_fatal(struct session *s, uint32_t tag, uint32_t code, const char *text)
 {
+	sess_end(s, "%s: %s", proto_error_name(code), text);
 	sess_errorf(s, tag, code, "%s", text);
 	sess_drain_errors(s);
 	sess_flush(s);
@@ -231,6 +245,8 @@ handshake_wait(struct session *s)
 		return 0;
 	mr_log_handshake("session %u: closing %s: no handshake within %d s",
 	    s->id, s->peer, s->ctx->cfg->handshake_timeout);
+	sess_end(s, "no handshake within %d s",
+	    s->ctx->cfg->handshake_timeout);
 	return -1;
 }
 
@@ -279,10 +295,13 @@ need(struct session *s, size_t n, int boundary)
 			 * dropped link and waits for its client. */
 			if (s->rs != NULL)
 				s->linkdown = 1;
-			log_warn("session %u: client stalled between frames "
+			/* What was asked for: the closing line says it. */
+			log_info("session %u: client stalled between frames "
 			    "for %d s; ending the %s", s->id,
 			    cfg->idle_timeout, s->rs != NULL ? "connection" :
 			    "session");
+			sess_end(s, "idle for %d s (--idle-timeout)",
+			    cfg->idle_timeout);
 			return -1;
 		}
 		/* Before the handshake is done the idle limit applies here (once
@@ -291,8 +310,10 @@ need(struct session *s, size_t n, int boundary)
 		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
 		    s->state != S_READY &&
 		    !wait_readable(s->fd, (int64_t)cfg->idle_timeout * 1000)) {
-			log_warn("session %u: client stalled between frames "
+			log_info("session %u: client stalled between frames "
 			    "for %d s; ending the session", s->id,
+			    cfg->idle_timeout);
+			sess_end(s, "idle for %d s (--idle-timeout)",
 			    cfg->idle_timeout);
 			return -1;
 		}
@@ -305,15 +326,14 @@ need(struct session *s, size_t n, int boundary)
 		if (r == 0 || reset) {
 			s->linkdown = 1;
 			if (boundary && s->inlen == s->inoff) {
-				/* A resumable session logs its wait instead. */
-				if (s->rs == NULL)
-					log_info("session %u: the client "
-					    "disconnected%s", s->id, reset ?
-					    " (connection reset)" : "");
+				sess_end(s, "the client disconnected%s", reset ?
+				    " (connection reset)" : "");
 				return 0;
 			}
 			log_info("session %u: connection %s mid-frame", s->id,
 			    reset ? "reset" : "closed");
+			sess_end(s, "connection %s mid-frame", reset ? "reset" :
+			    "closed");
 			return -1;
 		}
 		if (r < 0) {
@@ -322,6 +342,8 @@ need(struct session *s, size_t n, int boundary)
 					log_warn("session %u: connection "
 					    "lost: recv: %s", s->id,
 					    strerror(errno));
+				sess_end(s, "connection lost: recv: %s",
+				    strerror(errno));
 				s->linkdown = 1;
 				return -1;
 			}
@@ -336,6 +358,12 @@ need(struct session *s, size_t n, int boundary)
 			    "mid-frame", boundary && s->inlen == s->inoff ?
 			    cfg->idle_timeout : cfg->frame_timeout,
 			    s->rs != NULL ? "connection" : "session");
+			if (boundary && s->inlen == s->inoff)
+				sess_end(s, "idle for %d s (--idle-timeout)",
+				    cfg->idle_timeout);
+			else
+				sess_end(s, "stalled mid-frame for %d s "
+				    "(--frame-timeout)", cfg->frame_timeout);
 			return -1;
 		}
 		s->inlen += (size_t)r;
@@ -371,6 +399,8 @@ sess_take(struct session *s, uint8_t *dst, uint64_t count)
 			s->linkdown = 1;
 			log_info("session %u: connection %s mid-frame", s->id,
 			    r == 0 ? "closed" : "stalled");
+			sess_end(s, "connection %s mid-frame", r == 0 ?
+			    "closed" : "stalled");
 			return -1;
 		}
 		count -= (uint64_t)r;
@@ -475,6 +505,12 @@ dispatch(struct session *s, const union proto_msg *m, const uint8_t *frame,
 	if (s->state == S_HELLO && m->h.type == PROTO_TPEER)
 		return sess_peer_route(s, m, frame), -2;
 	if (s->state == S_HELLO) {
+		/* Announced at its first frame, not at accept: a peer's
+		 * connection has its own line (peer.c), and one that never
+		 * speaks is only a handshake timeout. */
+		log_notice("session %u: client connected from %s", s->id, peer);
+		s->announced = 1;
+		slot_get((uint32_t)s->slot)->announced = 1;
 		peer_forget();
 		return sess_hello(s, m) == -1 ? -2 : 0;
 	}
@@ -596,7 +632,7 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 {
 	struct session *s;
 	union proto_msg m;
-	const char *why;
+	const char *why = NULL;
 	size_t fixed;
 	int rc;
 
@@ -612,6 +648,7 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	s->slot = slot;
 	s->maxmsg = ctx->cfg->maxmsg;
 	s->last_active = time(NULL);
+	s->started = mono_ms();
 	s->peer = peer;
 	s->inbox = peer_inbox(slot);
 	if (ctx->cfg->handshake_timeout > 0)
@@ -654,6 +691,9 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		}
 		s->nreq++;
 		s->nreply += answered(&m.h);
+		/* For the runner's line when it stops a session process. */
+		atomic_store_explicit(&slot_get((uint32_t)slot)->nreq, s->nreq,
+		    memory_order_relaxed);
 		fixed = proto_fixed_size(m.h.type);
 		if (need(s, fixed, 0) <= 0) {
 			if (s->linkdown)
@@ -702,11 +742,19 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		end_lost(s, why);
 	sess_drain_errors(s);
 	sess_flush(s);
+	/* What ended it all comes before what the session saw of it. */
+	if (why != NULL)
+		snprintf(s->end, sizeof(s->end), "the device was lost: %s", why);
+	else if (mr_stopping())
+		snprintf(s->end, sizeof(s->end), "the runner stopped");
 done:
-	log_info("session %u: %llu requests, %llu answered, %llu bytes in, "
-	    "%llu bytes out", id, (unsigned long long)s->nreq,
-	    (unsigned long long)s->nreply, (unsigned long long)s->bytes_in,
-	    (unsigned long long)s->bytes_out);
+	/* One line for a client that was announced: how it ended and what it
+	 * used; the details are for -v. */
+	(s->announced ? log_notice : log_info)("session %u: ended: %s; %.1f s, "
+	    "%llu requests, %llu bytes in, %llu bytes out", id, s->end[0] ?
+	    s->end : "the session could not go on", (double)(mono_ms() -
+	    s->started) / 1000, (unsigned long long)s->nreq,
+	    (unsigned long long)s->bytes_in, (unsigned long long)s->bytes_out);
 	if (s->cache != NULL)
 		log_info("session %u: cache: %llu bytes written from it, %llu "
 		    "bytes given to it", id, (unsigned long long)s->cache_in,

@@ -105,6 +105,12 @@ struct session {
 	uint64_t nproc;		/* requests processed since the handshake */
 	int linkdown;		/* the connection failed (resume.c may replace it) */
 	int handed;		/* a Tresume passed this connection on */
+	/* The session's closing line (sess_serve): when it began, whether
+	 * its client was announced, and how it ended, as the first place
+	 * that saw the end wrote it (sess_end). */
+	int64_t started;	/* ms, monotonic */
+	int announced;
+	char end[128];
 
 	/* peer.c: grants issued and not yet used or expired, and the inbox
 	 * where server.c hands over peer connections for them (-1: none). */
@@ -150,6 +156,9 @@ int sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
 void sess_random(uint8_t *p, size_t n);
 int sess_hello(struct session *s, const union proto_msg *m);
 int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
+/* Say how the session ends, unless something already did. */
+void sess_end(struct session *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* buffers.c */
 /* Where count bytes at offset of buffer handle go, after launched work

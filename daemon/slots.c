@@ -259,6 +259,9 @@ slot_take(void)
 	for (i = 0; i < shared->nslots; i++)
 		if (!shared->slots[i].busy) {
 			shared->slots[i].busy = 1;
+			shared->slots[i].started = mono_ms();
+			shared->slots[i].nreq = 0;
+			shared->slots[i].announced = 0;
 			return (int)i;
 		}
 	return -1;

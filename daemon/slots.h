@@ -26,6 +26,11 @@ struct slot {
 				 * (resume.c), or -1 */
 	uint32_t id;
 	int busy;
+	/* For the line the runner logs for a session process it stopped:
+	 * set by the session, read by server.c. */
+	int64_t started;	/* ms, monotonic: when it was accepted */
+	_Atomic uint64_t nreq;	/* requests it received */
+	_Atomic int announced;	/* it logged its client's arrival */
 };
 
 /* Map the table: nsessions sessions and nstartups connections in their

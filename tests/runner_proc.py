@@ -12,11 +12,11 @@ def build() -> pathlib.Path:
   return DAEMON
 
 class RunnerProc:
-  def __init__(self, *args:str, binary:pathlib.Path|None=None, env:dict[str, str]|None=None, nofile:int|None=None):
-    """nofile: start the runner with that open-file limit, soft and hard (it cannot raise it)."""
+  def __init__(self, *args:str, binary:pathlib.Path|None=None, env:dict[str, str]|None=None, nofile:int|None=None, stdin:int|None=None):
+    """nofile: start the runner with that open-file limit, soft and hard (it cannot raise it); stdin: as subprocess.Popen's."""
     self.argv = [str(binary or build()), "--host", "127.0.0.1", "--port", "0", *args]
     limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
-    self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    self.proc = subprocess.Popen(self.argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  env={**os.environ, **env} if env else None, preexec_fn=limit)
     line = self.proc.stdout.readline()
     if not line.startswith("listening on "):
@@ -53,7 +53,8 @@ class RunnerProc:
       except subprocess.TimeoutExpired:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
-    if self.proc.stdout: self.proc.stdout.close()
+    for f in (self.proc.stdin, self.proc.stdout):
+      if f: f.close()
     return self.proc.returncode
 
 @contextlib.contextmanager

@@ -86,7 +86,7 @@ def test_clean_shutdown_on_signal(sig):
   assert r.proc.wait(10) == 0
   assert c.closed()
   log = r.log_text()
-  assert "stopping: 1 sessions open" in log and "warning" not in log
+  assert "stopping on " + sig + ": 1 sessions open" in log and "warning" not in log
   r.stop()
 
 # A kernel that sleeps out[0] seconds in nanosleep(2): a session thread busy in a kernel for a known time (x86-64 Linux calls).
@@ -119,7 +119,7 @@ def test_stop_waits_for_a_session_thread_in_a_kernel():
     assert time.monotonic() - t0 > 6, "the runner returned while a session thread still ran its kernel"
     assert c.closed()
     log = r.log_text(0)
-    assert "waiting for 1 session threads still running a kernel" in log and "stopping: 1 sessions open" in log
+    assert "waiting for 1 session threads still running a kernel" in log and "stopping on SIGTERM: 1 sessions open" in log
   finally: r.stop()
 
 @x86_linux
@@ -159,7 +159,7 @@ def test_a_normal_client_exit_is_logged_as_an_ordinary_end_of_session(iso):
   with runner("--isolation", iso, "-v") as r:
     for _ in range(5):
       with Runner(r.addr) as c: c.ping(b"x")
-    log = r.wait_log(*(f"session {i}: the client disconnected" for i in range(1, 6)))
+    log = r.wait_log(*(f"session {i}: ended: the client disconnected" for i in range(1, 6)))
     assert "recv:" not in log and "reset by peer" not in log and "warning" not in log, log
 
 @pytest.mark.parametrize("where", ["between frames", "mid-frame"])
@@ -171,7 +171,7 @@ def test_a_reset_connection_is_an_end_of_session_between_frames_and_named_mid_fr
     time.sleep(0.2)
     c.s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))   # close sends RST
     c.s.close()
-    log = r.wait_log("session 1: the client disconnected (connection reset)" if where == "between frames" else
+    log = r.wait_log("session 1: ended: the client disconnected (connection reset)" if where == "between frames" else
                      "session 1: connection reset mid-frame")
     assert "recv:" not in log and "warning" not in log, log
     still_serving(r)

@@ -113,7 +113,7 @@ def test_appliance_serves_tinygrad_with_its_token_and_stops_on_sigterm(appliance
     log = a.text()
     assert code == 0 and took < 3, (code, took, log)
     assert "appliance: SIGTERM: stopping the runner" in log and re.search(r"stopping: \d+ sessions open", log), log
-    assert re.search(r"session \d+ stopped", log) and log.rstrip().endswith("appliance: stopped"), log
+    assert re.search(r"session \d+: ended: the runner stopped", log) and log.rstrip().endswith("appliance: stopped"), log
     assert "ended by signal" not in log, log
 
 def test_sighup_reads_the_token_again_and_open_sessions_carry_on(appliance_bin, token_file):

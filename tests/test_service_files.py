@@ -97,7 +97,7 @@ def test_log_is_plain_lines(tmp_path):
     with Runner(r.addr) as c: c.ping(b"x")
     log = r.log_text()
   finally: r.stop()
-  assert "\x1b" not in log and "session 1: connected from 127.0.0.1" in log
+  assert "\x1b" not in log and "session 1: client connected from 127.0.0.1" in log
   assert all(l.startswith("metal_runner") or re.match(r"\d\d:\d\d:\d\d ", l) for l in log.splitlines()), log
 
 @pytest.mark.slow

@@ -140,7 +140,7 @@ main(int argc, char **argv)
 
 	memset(&a, 0, sizeof(a));
 	mr_config_defaults(&a.cfg);
-	a.cfg.verbose = 1;		/* one line per session: the box's log */
+	a.cfg.verbose = 1;		/* each session's details: the box's log */
 	/* Limits for a small board; see struct mr_config for the others. */
 	a.cfg.max_sessions = 4;
 	a.cfg.session_mem = (uint64_t)256 << 20;
