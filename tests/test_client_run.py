@@ -199,6 +199,19 @@ def test_module_with_m(scripts, logged):
   # as python -m sets them: argv[0] the module's file, the arguments after the module the program's, even one that looks like ours
   assert json.loads(p.stdout.splitlines()[0]) == {"argv": [str(scripts / "tinytrain.py"), "first", "--runner", "x"], "name": "__main__"}
 
+def devices_listed(p:subprocess.CompletedProcess) -> dict[str, tuple[str, str]]:
+  """python -m tinygrad.device's lines, "* CPU     : PASS" with '*' on the default device: {device: (mark, the rest)}."""
+  assert p.returncode == 0, (p.stdout, p.stderr[-3000:])
+  return {m[2]: (m[1], m[3]) for line in re.sub(r"\x1b\[[0-9;]*m", "", p.stdout).splitlines() if (m:=re.match(r"([* ]) (\w+)\s*: (.*)", line))}
+
+def test_tinygrads_device_list_shows_the_runner_as_the_default(shared):
+  listed = devices_listed(client_run("--runner", shared.addr, "-m", "tinygrad.device"))
+  assert listed["REMOTE"] == ("*", "PASS"), listed   # a CPU runner: REMOTE, tinygrad's default
+  assert [d for d, (mark, _) in listed.items() if mark == "*"] == ["REMOTE"], listed
+  assert listed["CPU"] == (" ", "PASS") and "(use REMOTE for it)" in listed["METAL"][1], listed   # tinygrad's own devices as before
+  listed = devices_listed(client_run("--runner", shared.addr, "-m", "tinygrad.device", env={"DEV": "CPU"}))   # DEV given: the user's default
+  assert listed["CPU"][0] == "*" and listed["REMOTE"] == (" ", "PASS"), listed
+
 def test_beam_with_spawned_workers(scripts, logged):
   p = client_run("--runner", logged.addr, str(scripts / "beam.py"), env={"PARALLEL": "2", "BEAM_STRICT_MODE": "1"})
   assert p.returncode == 0, p.stderr[-3000:]
