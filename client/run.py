@@ -104,9 +104,19 @@ def main(argv:list[str]) -> int:
     return 1
   sys.excepthook = show_programs_frames(sys.excepthook)
   sys.argv = [target, *args]
-  if flag == "-m": runpy.run_module(target, run_name="__main__", alter_sys=True)   # sys.argv[0] becomes the module's file, as with python -m
+  if flag == "-m" and target == "tinygrad.device": list_devices()
+  elif flag == "-m": runpy.run_module(target, run_name="__main__", alter_sys=True)   # sys.argv[0] becomes the module's file, as with python -m
   else: run_file(target)
   return 0
+
+def list_devices():
+  """`-m tinygrad.device`, tinygrad's list of its devices, with the runner's. Run by runpy, tinygrad/device.py would be a second copy of
+  the module (the one imported has the devices installed) listing its own ALL_DEVICES, which names METAL but not REMOTE: so the listing
+  runs in the imported module, with REMOTE next to METAL, and tinygrad marks the default device (the runner's, unless DEV is set)."""
+  import tinygrad.device as td
+  sys.argv[0] = td.__file__
+  if "REMOTE" not in td.ALL_DEVICES: td.ALL_DEVICES.insert(td.ALL_DEVICES.index("METAL") + 1, "REMOTE")
+  for s in td.enumerate_devices_str(): print(s)
 
 def importable(name:str) -> bool:
   try: return importlib.util.find_spec(name) is not None

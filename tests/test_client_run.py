@@ -6,7 +6,7 @@ the same runner. A runner that is named but cannot be used (a host that does not
 stops the program with one line naming it and a non-zero exit, before the program computes anything: never on the local CPU instead.
 Every program runs in its own python; runners listen on 127.0.0.1 and are stopped by pid (tests/runner_proc.py).
 """
-import json, os, re, signal, socket, subprocess, sys, textwrap, time
+import getpass, json, os, re, signal, socket, subprocess, sys, textwrap, time
 import pytest
 from runner_proc import ROOT, RunnerProc, runner
 
@@ -199,6 +199,19 @@ def test_module_with_m(scripts, logged):
   # as python -m sets them: argv[0] the module's file, the arguments after the module the program's, even one that looks like ours
   assert json.loads(p.stdout.splitlines()[0]) == {"argv": [str(scripts / "tinytrain.py"), "first", "--runner", "x"], "name": "__main__"}
 
+def devices_listed(p:subprocess.CompletedProcess) -> dict[str, tuple[str, str]]:
+  """python -m tinygrad.device's lines, "* CPU     : PASS" with '*' on the default device: {device: (mark, the rest)}."""
+  assert p.returncode == 0, (p.stdout, p.stderr[-3000:])
+  return {m[2]: (m[1], m[3]) for line in re.sub(r"\x1b\[[0-9;]*m", "", p.stdout).splitlines() if (m:=re.match(r"([* ]) (\w+)\s*: (.*)", line))}
+
+def test_tinygrads_device_list_shows_the_runner_as_the_default(shared):
+  listed = devices_listed(client_run("--runner", shared.addr, "-m", "tinygrad.device"))
+  assert listed["REMOTE"] == ("*", "PASS"), listed   # a CPU runner: REMOTE, tinygrad's default
+  assert [d for d, (mark, _) in listed.items() if mark == "*"] == ["REMOTE"], listed
+  assert listed["CPU"] == (" ", "PASS") and "(use REMOTE for it)" in listed["METAL"][1], listed   # tinygrad's own devices as before
+  listed = devices_listed(client_run("--runner", shared.addr, "-m", "tinygrad.device", env={"DEV": "CPU"}))   # DEV given: the user's default
+  assert listed["CPU"][0] == "*" and listed["REMOTE"] == (" ", "PASS"), listed
+
 def test_beam_with_spawned_workers(scripts, logged):
   p = client_run("--runner", logged.addr, str(scripts / "beam.py"), env={"PARALLEL": "2", "BEAM_STRICT_MODE": "1"})
   assert p.returncode == 0, p.stderr[-3000:]
@@ -223,6 +236,46 @@ def test_a_child_python_keeps_its_own_sitecustomize(scripts, shared, tmp_path):
   (scripts / "subproc.py").write_text(f"import subprocess, sys\nprint(subprocess.run([sys.executable, '-c', {child!r}]).returncode)\n")
   p = client_run("--runner", shared.addr, str(scripts / "subproc.py"), env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
   assert p.returncode == 0 and p.stdout == "True True\n0\n", (p.stdout, p.stderr)
+
+# *** PROFILE=1 and VIZ=1: the program's profile, which no child overwrites
+
+# plain tinygrad that starts a child python (multiprocessing spawn): the child computes too, and exits through atexit, where tinygrad
+# writes its profile to the same $TMPDIR/profile.pkl.<user>
+PROFILED = """
+import multiprocessing
+from tinygrad import Tensor
+def child(): print("child", (Tensor([1.0, 2.0]) + 1).tolist(), flush=True)
+if __name__ == "__main__":
+  x = Tensor([[float(i * 8 + j) for j in range(8)] for i in range(8)])   # copied in: a kernel of constants alone runs on the CPU
+  print("program", (x @ x).sum().item(), flush=True)
+  (p := multiprocessing.get_context("spawn").Process(target=child)).start()
+  p.join()
+  print("exit code", p.exitcode, flush=True)
+"""
+# reads the file back as tinygrad's viewer does (tinygrad/viz/cli.py): its rows, or "empty profile"
+VIEW = """
+import json, sys
+from tinygrad.viz import serve as viz
+from tinygrad.viz.cli import decode_profile
+events = viz.load_pickle(sys.argv[1], default=[])
+data = viz.get_profile(viz.VizData(viz.load_pickle(sys.argv[2], default=viz.RewriteTrace([], [], {}))), events)
+print(json.dumps(None if data is None else sorted(decode_profile(data)["layout"])))
+"""
+
+@pytest.mark.parametrize("var", ["PROFILE", "VIZ"])
+def test_profile_through_client_run_holds_the_runners_rows(shared, tmp_path, var):
+  (tmp_path / "profiled.py").write_text(PROFILED)
+  (out := tmp_path / "out").mkdir()   # tinygrad's temp(): $TMPDIR/profile.pkl.<user>, of this test only
+  p = client_run("--runner", shared.addr, str(tmp_path / "profiled.py"), env={"TMPDIR": str(out), "PROFILE": None, "VIZ": None, var: "1"})
+  assert p.returncode == 0 and "program 529536.0" in p.stdout and "child [2.0, 3.0]" in p.stdout and "exit code 0" in p.stdout, \
+    (p.stdout, p.stderr[-3000:])
+  user = getpass.getuser()
+  (tmp_path / "view.py").write_text(VIEW)
+  v = python(str(tmp_path / "view.py"), str(out / f"profile.pkl.{user}"), str(out / f"rewrites.pkl.{user}"), env={"PROFILE": None, "VIZ": None})
+  assert v.returncode == 0, v.stderr[-3000:]
+  rows = json.loads(v.stdout)
+  assert rows is not None, "empty profile: a child process overwrote the program's"
+  assert "REMOTE" in rows and ({"REMOTE:NET", "REMOTE:COPY"} & set(rows)), rows
 
 # *** as python SCRIPT would run it
 
