@@ -2,7 +2,7 @@
 by layers between them, is one Tgraphrun per runner per step with the copies passed runner to runner on links, and gives tinygrad's
 CPU device's results. Faults: a link cut between the runners, a runner that stalls past the frame timeout, a runner that dies, and
 runners that cannot reach each other (the copies then go through the client). Each program runs in a python of its own."""
-import json, os, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, threading, time
 import pytest
 from conftest import ROOT, metal_runner_proc, needs_own_metal_runner, run_python, runner
 from link_cutter import LinkCutter
@@ -114,16 +114,9 @@ print(json.dumps({"errs": errs, "n": len(got), "seconds": time.monotonic() - t0,
                   "alive": [Device[d].runner.ping(b"x") == b"x" for d in devs]}))
 """
 
-@pytest.mark.cpu_only
-@pytest.mark.parametrize("iso", ["process", "thread"])
-def test_a_link_cut_between_runners_fails_that_step_and_the_next_makes_new_links(daemon_bin, tmp_path, iso):
-  """The links go through a relay (METAL_RUNNER_PEER_VIA) that the test cuts in the middle of the run: that step fails with EPEER
-  naming the link, within the frame timeout, both sessions stay usable, and the next step sets up new links through the relay and
-  gives the right result again."""
-  cut = tmp_path / "cut"
-  with runner("--isolation", iso, "--frame-timeout", "2") as (a0, _), runner("--isolation", iso, "--frame-timeout", "2") as (a1, _), \
-       LinkCutter(a0) as l0, LinkCutter(a1) as l1:
-    import threading
+def cut_mid_run(dev:str, a0:str, a1:str, cut):
+  """A FAULT run of 8 tensor-parallel steps whose links go through relays (METAL_RUNNER_PEER_VIA) that are cut at step 4."""
+  with LinkCutter(a0) as l0, LinkCutter(a1) as l1:
     def cutter():
       while not stop.is_set():
         if cut.exists():
@@ -133,23 +126,41 @@ def test_a_link_cut_between_runners_fails_that_step_and_the_next_makes_new_links
     stop = threading.Event()
     threading.Thread(target=cutter, daemon=True).start()
     try:
-      r = run_python(FAULT, {"T_DEV": "REMOTE", "T_MODE": "tp", "T_STEPS": "8", "METAL_RUNNER": f"{a0},{a1}", "T_FAULT": "[]",
+      r = run_python(FAULT, {"T_DEV": dev, "T_MODE": "tp", "T_STEPS": "8", "METAL_RUNNER": f"{a0},{a1}", "T_FAULT": "[]",
                              "T_CUT": str(cut), "METAL_RUNNER_PEER_VIA": f"{a0}={l0.addr},{a1}={l1.addr}"}, timeout=120)
     finally: stop.set()
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.splitlines()[-1])
     assert l0.cuts + l1.cuts >= 1, "the relay carried no link"
+  out = json.loads(r.stdout.splitlines()[-1])
   assert 1 <= len(out["errs"]) <= 2 and all("EPEER" in e and "link" in e for e in out["errs"]), out
   assert out["n"] >= 8 - 2 and out["err"] is not None and out["err"] < 1e-5 and out["alive"] == [True, True], out
   assert out["seconds"] < 30, out   # no hang: each wait ends within the runners' 2 s frame timeout
 
 @pytest.mark.cpu_only
-def test_a_runner_that_stalls_past_the_frame_timeout_fails_the_step_not_the_sessions(daemon_bin):
-  """Runner 1 is stopped (SIGSTOP) for 4 s in the middle of the run; runner 0 waits for its data 2 s (its frame timeout), breaks the
-  link and fails the step with EPEER; once runner 1 runs again, the next steps make new links and give the right results."""
-  with runner("--isolation", "thread", "--frame-timeout", "2") as (a0, _), runner("--isolation", "thread", "--frame-timeout", "2") as (a1, p1):
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_a_link_cut_between_runners_fails_that_step_and_the_next_makes_new_links(daemon_bin, tmp_path, iso):
+  """The links go through a relay that the test cuts in the middle of the run: that step fails with EPEER naming the link, within
+  the frame timeout, both sessions stay usable, and the next step sets up new links through the relay and gives the right result."""
+  with runner("--isolation", iso, "--frame-timeout", "2") as (a0, _), runner("--isolation", iso, "--frame-timeout", "2") as (a1, _):
+    cut_mid_run("REMOTE", a0, a1, tmp_path / "cut")
+
+@pytest.mark.metal
+def test_a_link_cut_between_metal_runners_fails_that_step_and_the_next_makes_new_links(tmp_path):
+  """The same between two runners of the Metal backend (the Metal emulator, a test harness, on Linux)."""
+  needs_own_metal_runner()
+  r0, r1 = metal_runner_proc("--frame-timeout", "2"), metal_runner_proc("--frame-timeout", "2")
+  try: cut_mid_run("METAL", r0.addr, r1.addr, tmp_path / "cut")
+  finally: r0.stop(), r1.stop()
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_a_runner_that_stalls_past_the_frame_timeout_fails_the_step_not_the_sessions(daemon_bin, iso):
+  """Runner 1 (its process group: the runner and its session processes) is stopped (SIGSTOP) for 4 s in the middle of the run;
+  runner 0 waits for its data 2 s (its frame timeout), breaks the link and fails the step with EPEER; once runner 1 runs again, the
+  next steps make new links and give the right results."""
+  with runner("--isolation", iso, "--frame-timeout", "2") as (a0, _), runner("--isolation", iso, "--frame-timeout", "2") as (a1, p1):
     r = run_python(FAULT, {"T_DEV": "REMOTE", "T_MODE": "tp", "T_STEPS": "8", "METAL_RUNNER": f"{a0},{a1}",
-                           "T_FAULT": json.dumps([[int(signal.SIGSTOP), p1.pid]]), "T_CONT": json.dumps([p1.pid]), "T_STALL": "4"},
+                           "T_FAULT": json.dumps([[int(signal.SIGSTOP), -p1.pid]]), "T_CONT": json.dumps([-p1.pid]), "T_STALL": "4"},
                    timeout=120)
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.splitlines()[-1])
