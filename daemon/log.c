@@ -2,11 +2,10 @@
  * log.c: timestamped log lines on stderr, one write per line so lines
  * from concurrent sessions never interleave.
  *
- * Levels, by log_verbose: notices (-1 with -q hides them) are the few
- * lines an operator reads as sshd's: a client came, authenticated, left,
- * the runner stopped; never one per request. info (-v) adds a session's
- * details and every failed request, debug (-vv) every kernel. Warnings
- * and errors are always shown.
+ * Levels, by log_verbose: notices are the few lines an operator reads as
+ * sshd's: a client came, authenticated, left, the runner stopped; never
+ * one per request. info (-v) adds a session's details and every failed
+ * request, debug (-vv) every kernel. -q (-1) keeps only errors.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -65,6 +64,8 @@ log_warn(const char *fmt, ...)
 {
 	va_list ap;
 
+	if (log_verbose < 0)
+		return;
 	va_start(ap, fmt);
 	log_line("warning: ", fmt, ap);
 	va_end(ap);

@@ -41,7 +41,7 @@ usage(FILE *f)
 "  -d, --device N          device index for the metal backend\n"
 "  -v, --verbose           log each session's details and failed requests;\n"
 "                          twice: every kernel and its time\n"
-"  -q, --quiet             log only warnings and errors\n"
+"  -q, --quiet             log only errors\n"
 "      --isolation MODE    process or thread (default: the backend's:\n"
 "                          cpu uses a process per session, metal threads)\n"
 "      --token-file PATH   require clients to prove they know this secret\n"

@@ -19,7 +19,7 @@ struct mr_config {
 	int port;			/* 0: any free port */
 	const char *backend;		/* "cpu", "metal"; NULL: the platform's best */
 	const char *device;		/* backend device selector, may be NULL */
-	int verbose;			/* -1: warnings and errors only; 0: a line
+	int verbose;			/* -1: errors only; 0: a line
 					 * per client; 1: session details; 2:
 					 * every kernel and its time */
 	enum be_isolation isolation;	/* 0: the backend's default */

@@ -1,6 +1,6 @@
 """The runner's log at its default level (no -v), read as an operator reads sshd's: one line when a client connects (its address and
 session number), authenticates and ends (how, its time and requests), one for a peer runner's connection, one when a signal stops the
-runner; nothing per request. -q keeps warnings and errors only. And `--help` says what is printed where."""
+runner; nothing per request. -q keeps errors only. And `--help` says what is printed where."""
 import re, signal, subprocess
 import pytest
 from client import protocol as P
@@ -72,14 +72,17 @@ def test_a_peer_connection_has_a_line_of_its_own():
     log = r.wait_log("session 1: peer connection from 127.0.0.1:")
     assert len(session_lines(log, 1)) == 1 and "for session 7" in log, log
 
-def test_quiet_leaves_out_the_client_lines():
-  with runner("-q", "--idle-timeout", "1") as r:
+@pytest.mark.parametrize("quiet", [False, True])
+def test_quiet_keeps_only_errors(quiet):
+  """-q: no client lines and no warnings (here a connection that never says hello, closed at the handshake deadline), which the
+  default level shows."""
+  with runner(*(["-q"] if quiet else []), "--handshake-timeout", "1") as r:
     with Runner(r.addr, timeout=10) as c: c.ping(b"x")
-    c = Raw(r.addr)
-    c.ping()
-    assert c.closed()   # its idle timeout came
-    log = r.log_text()
-    assert "listening on 127.0.0.1:" in log and not re.search(r"session \d", log), log
+    c = Raw(r.addr, hello=False)
+    assert c.closed()   # the handshake deadline came
+    log = r.log_text(settle=0.5)
+    assert "listening on 127.0.0.1:" in log, log
+    assert bool(re.search(r"session \d", log)) != quiet and ("warning:" in log) != quiet, log
 
 def test_help_says_what_goes_to_stdout_and_stderr():
   out = subprocess.run([str(build()), "--help"], capture_output=True, text=True, timeout=10).stdout
