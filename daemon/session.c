@@ -751,9 +751,10 @@ done:
 	/* One line for a client that was announced: how it ended and what it
 	 * used; the details are for -v. */
 	(s->announced ? log_notice : log_info)("session %u: ended: %s; %.1f s, "
-	    "%llu requests, %llu bytes in, %llu bytes out", id, s->end[0] ?
-	    s->end : "the session could not go on", (double)(mono_ms() -
-	    s->started) / 1000, (unsigned long long)s->nreq,
+	    "%llu requests, %llu answered, %llu bytes in, %llu bytes out", id,
+	    s->end[0] ? s->end : "the session could not go on",
+	    (double)(mono_ms() - s->started) / 1000,
+	    (unsigned long long)s->nreq, (unsigned long long)s->nreply,
 	    (unsigned long long)s->bytes_in, (unsigned long long)s->bytes_out);
 	if (s->cache != NULL)
 		log_info("session %u: cache: %llu bytes written from it, %llu "

@@ -33,7 +33,7 @@ def test_stats_count_requests_round_trips_and_bytes(daemon_bin):
       assert s3["round_trips"] == 4 and s3["requests"] == 5 + nw + nr
     log = r.wait_log(" requests, ", " answered, ")
   finally: r.stop()
-  m = re.search(r"session \d+: (\d+) requests, (\d+) answered, (\d+) bytes in, (\d+) bytes out", log)
+  m = re.search(r"session \d+: ended: .*; [\d.]+ s, (\d+) requests, (\d+) answered, (\d+) bytes in, (\d+) bytes out", log)
   assert m, log
   assert tuple(map(int, m.groups())) == (s3["requests"], s3["replies"], s3["bytes_sent"], s3["bytes_received"]), log
 

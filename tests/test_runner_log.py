@@ -29,7 +29,7 @@ def test_a_client_connects_authenticates_and_disconnects_in_three_lines(iso, tmp
     assert len(lines) == 3, log
     assert lines[0] == f"session 1: client connected from {local}", log
     assert lines[1] == "session 1: authenticated", log
-    assert re.fullmatch(r"session 1: ended: the client disconnected( \(connection reset\))?; \d+\.\d s, 2\d requests, \d+ bytes in, "
+    assert re.fullmatch(r"session 1: ended: the client disconnected( \(connection reset\))?; \d+\.\d s, 2\d requests, \d+ answered, \d+ bytes in, "
                         r"\d+ bytes out", lines[2]), log
 
 def test_an_idle_timeout_ends_the_session_with_a_line_that_says_so():
