@@ -9,7 +9,7 @@ import os, sys, time
 from typing import cast
 from tinygrad.device import Buffer, Device, MultiBuffer
 from tinygrad.engine.jit import GraphRunner, MultiGraphRunner
-from tinygrad.helpers import DEBUG, dedup
+from tinygrad.helpers import DEBUG, dedup, suppress_finalizing
 from tinygrad.uop.ops import Ops, UOp
 from client.connection import RunnerError, parse_addr
 from client.protocol import CAP_LINK, EPEER, PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, PROG_LINK_SEND, PROG_LINK_RECV
@@ -32,9 +32,6 @@ def dims(d) -> tuple[int, int, int]:
   if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
   return cast(tuple[int, int, int], tuple(int(x) for x in d) + (1,) * (3 - len(d)))
 
-def _devices(call:UOp) -> list:
-  return dedup([Device[x] for b in call.src[1:] if not b.is_bound_var for x in (b.device if isinstance(b.device, tuple) else (b.device,))])
-
 class Part:
   """One runner graph: the entries of one runner between two copies through this host (all of them, when there is none)."""
   def __init__(self, dev):
@@ -46,10 +43,9 @@ class RemoteGraph(MultiGraphRunner):
   known; each call then sends one Tgraphrun per graph, carrying only patches: JIT input buffers, symbolic values and launch dims."""
   def __init__(self, linear:UOp, input_uops:tuple[UOp, ...]=()):
     super().__init__(linear, input_uops)   # self.runtimes keeps the graph's RemotePrograms, so their handles stay loaded while it lives
-    self.dev = Device[self.calls[0][2][0].device]
     self.devs = dedup([Device[b.device] for _, _, bufs, _ in self.calls for b in bufs])
     self.parts: list[Part] = []
-    self.links: list[tuple] = []     # (device, link handle) and (device, program handle) of each side, to free with the graph
+    self.links: list[tuple] = []     # (device, "unlink" or "unload", handle): each side's link and link program, freed with the graph
     self.plan: list = []             # Part to run, or (call index) of a copy through this host, in order
     self.bodies: dict[tuple, list] = {}
     self.faults = -1
@@ -61,7 +57,7 @@ class RemoteGraph(MultiGraphRunner):
     if len({(type(d), getattr(d, "is_metal", None)) for d in devs}) != 1 or not hasattr(devs[0], "runner"): return False
     if new_call.src[0].op is Ops.PROGRAM: return True
     # a copy between two runners that have links; anything else (a copy within one runner, or a runner without links) ends the batch
-    cdevs = _devices(new_call)
+    cdevs = GraphRunner._all_devs([], new_call)
     return new_call.src[0].op is Ops.COPY and len(cdevs) == 2 and all(d.runner.info.caps & CAP_LINK for d in cdevs)
 
   # *** definition: the plan, its parts and links
@@ -186,15 +182,13 @@ class RemoteGraph(MultiGraphRunner):
         if any(x.code != EPEER for x in [e, *getattr(e, "others", [])]): raise
 
   def _host_copy(self, j:int, input_uops:tuple[UOp, ...]):
+    """Copy j as tinygrad would outside a graph: the allocator's _transfer, which goes through this host for an unreachable pair."""
     bufs = list(self.calls[j][2])
     for pos, iidx in self.uop_replace[j]:   # a JIT input copied: this call's buffer
       b = input_uops[iidx].buffer
       bufs[pos] = b.bufs[self.calls[j][0]] if isinstance(b, MultiBuffer) else b
     dest, src = bufs[0], bufs[1]
-    mv = memoryview(bytearray(dest.nbytes))
-    Device[src.device].runner.read(*src._buf[:2], mv)
-    Device[dest.device].runner.write(*dest._buf[:2], mv)
+    dest.allocator._transfer(dest._buf, src._buf, dest.nbytes, src_dev=Device[src.device], dest_dev=Device[dest.device])
 
-  def __del__(self):
-    try: self._free()
-    except Exception: pass
+  @suppress_finalizing
+  def __del__(self): self._free()

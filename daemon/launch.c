@@ -6,8 +6,9 @@
  * launch, so a graph never holds a pointer to a buffer freed since it was
  * made. A record may name a link program (link.c): the kernels before it
  * are run and waited for, then it sends or receives, then the kernels
- * after it run, so a graph runs in parts split at its link entries. In a session process the launch is armed: a signal while the
- * kernel runs sends the client an Rerror and ends the process.
+ * after it run, so a graph runs in parts split at its link entries. In a
+ * session process the launch is armed: a signal while the kernel runs
+ * sends the client an Rerror and ends the process.
  */
 #include <signal.h>
 #include <stdio.h>

@@ -166,14 +166,11 @@ sess_dial(struct session *s, const struct proto_tdial *t, const uint8_t *body)
 	int64_t t0 = mono_ns();
 	int fd;
 
-	if (t->hostlen == 0 || t->hostlen > PROTO_MAX_PEER_HOST ||
-	    memchr(body, '\0', t->hostlen) != NULL || t->port == 0) {
+	if (peer_host(host, body, t->hostlen, t->port) == -1) {
 		sess_errorf(s, t->h.tag, PROTO_EINVAL, "Tdial needs a host of "
 		    "1 to %d bytes without NUL and a port", PROTO_MAX_PEER_HOST);
 		return sess_fail_reply(s);
 	}
-	memcpy(host, body, t->hostlen);
-	host[t->hostlen] = '\0';
 	if ((l = new_link(s, t->h.tag, t->link, LINK_SEND)) == NULL)
 		return sess_fail_reply(s);
 	snprintf(l->peer, sizeof(l->peer), "to %s:%u", host, t->port);
@@ -300,14 +297,9 @@ push(struct session *s, struct link *l)
 static int
 peer_closed(struct session *s, struct link *l)
 {
-	struct pollfd p = { l->fd, POLLIN, 0 };
 	uint8_t c;
-	ssize_t n;
+	ssize_t n = recv(l->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 
-	if (poll(&p, 1, 0) <= 0 || (p.revents & (POLLIN | POLLHUP |
-	    POLLERR)) == 0)
-		return 0;
-	n = recv(l->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
 	if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK ||
 	    errno == EINTR))
 		return 0;
@@ -328,7 +320,7 @@ send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
 	uint8_t hdr[PROTO_LINK_HDR_SIZE];
 	struct iovec iov[2];
 	struct msghdr mh;
-	size_t done = 0, left, i;
+	size_t done = 0, hd = 0, total = sizeof(hdr) + (size_t)count;
 	ssize_t n;
 
 	if (peer_closed(s, l) == -1)
@@ -336,9 +328,9 @@ send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
 	proto_put_linkhdr(hdr, ++l->seq, channel, count);
 	if (push(s, l) == -1)
 		return link_error(s, tag, l);
-	/* Straight from the buffer when nothing waits before it. */
-	while (l->outlen == 0 && done < sizeof(hdr) + count) {
-		size_t hd = done < sizeof(hdr) ? done : sizeof(hdr);
+	/* Straight from the buffer when nothing waits before it. hd: the
+	 * bytes of the header sent, done - hd those of the data. */
+	while (l->outlen == 0 && done < total) {
 		iov[0].iov_base = hdr + hd;
 		iov[0].iov_len = sizeof(hdr) - hd;
 		iov[1].iov_base = (uint8_t *)data + (done - hd);
@@ -356,23 +348,20 @@ send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
 			return link_error(s, tag, l);
 		}
 		done += (size_t)n;
+		hd = done < sizeof(hdr) ? done : sizeof(hdr);
 	}
-	if (done == sizeof(hdr) + count)
+	if (done == total)
 		return 0;
 	/* The rest waits in out, copied: later kernels may change the range. */
-	left = sizeof(hdr) + (size_t)count - done;
-	if (sess_grow(&l->out, &l->outcap, l->outoff + l->outlen + left) == -1)
+	if (sess_grow(&l->out, &l->outcap, l->outoff + l->outlen + total -
+	    done) == -1)
 		return sess_errorf(s, tag, PROTO_ENOMEM, "link %u: no memory "
-		    "for %zu bytes to send", l->handle, left);
-	for (i = done; i < sizeof(hdr) + (size_t)count; ) {
-		size_t k = i < sizeof(hdr) ? sizeof(hdr) - i : (size_t)count -
-		    (i - sizeof(hdr));
-		const uint8_t *src = i < sizeof(hdr) ? hdr + i :
-		    data + (i - sizeof(hdr));
-		memcpy(l->out + l->outoff + l->outlen, src, k);
-		l->outlen += k;
-		i += k;
-	}
+		    "for %zu bytes to send", l->handle, total - done);
+	memcpy(l->out + l->outoff + l->outlen, hdr + hd, sizeof(hdr) - hd);
+	l->outlen += sizeof(hdr) - hd;
+	memcpy(l->out + l->outoff + l->outlen, data + (done - hd),
+	    (size_t)count - (done - hd));
+	l->outlen += (size_t)count - (done - hd);
 	return 0;
 }
 

@@ -162,6 +162,20 @@ sess_grant(struct session *s, const struct proto_tgrant *t)
 	return sess_fail_reply(s);
 }
 
+/* The host of a Tpeersend or Tdial, checked (1 to PROTO_MAX_PEER_HOST
+ * bytes, no NUL, and a port), into host as a C string; -1: not valid. */
+int
+peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
+    uint16_t hostlen, uint16_t port)
+{
+	if (hostlen == 0 || hostlen > PROTO_MAX_PEER_HOST ||
+	    memchr(body, '\0', hostlen) != NULL || port == 0)
+		return -1;
+	memcpy(host, body, hostlen);
+	host[hostlen] = '\0';
+	return 0;
+}
+
 int
 sess_peersend(struct session *s, const struct proto_tpeersend *t,
     const uint8_t *body)
@@ -174,16 +188,13 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 	int64_t t0 = mono_ns();
 	int fd;
 
-	if (t->hostlen == 0 || t->hostlen > PROTO_MAX_PEER_HOST ||
-	    memchr(body, '\0', t->hostlen) != NULL || t->port == 0 ||
+	if (peer_host(host, body, t->hostlen, t->port) == -1 ||
 	    t->count == 0) {
 		sess_errorf(s, t->h.tag, PROTO_EINVAL, "Tpeersend needs a host "
 		    "of 1 to %d bytes without NUL, a port and a count above 0",
 		    PROTO_MAX_PEER_HOST);
 		return sess_fail_reply(s);
 	}
-	memcpy(host, body, t->hostlen);
-	host[t->hostlen] = '\0';
 	if (b == NULL) {
 		sess_errorf(s, t->h.tag, PROTO_EHANDLE, "no buffer with handle "
 		    "%u", t->handle);

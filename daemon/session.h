@@ -243,6 +243,8 @@ int sess_peersend(struct session *s, const struct proto_tpeersend *t,
  * grant, and the Rgrant-shaped reply (Rgrant or Rlisten). */
 struct peer_grant *peer_new_grant(struct session *s, uint32_t tag,
     uint32_t ttl);
+int peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
+    uint16_t hostlen, uint16_t port);
 /* Refuse a peer: one Rerror on its connection, then close it. */
 void peer_refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
     const char *text);
