@@ -7,7 +7,7 @@
 # A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback), as
 # does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
-import atexit, contextlib, hashlib, os, pathlib, re, select, signal, socket, subprocess, sys, threading, types
+import atexit, contextlib, hashlib, os, re, select, signal, socket, subprocess, sys, threading, types
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
@@ -18,8 +18,7 @@ from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import RunnerUnavailable, runner_addrs
 from client.graph import RemoteGraph, dims, peer_addr, unreachable
-
-DAEMON = pathlib.Path(__file__).resolve().parents[1] / "daemon"
+from client.local_build import runner_exe
 
 # *** a runner that cannot be used (RunnerUnavailable): one line that names it, says why and what to check. Uncaught, it ends the
 # program with that line alone: a traceback would show tinygrad's device set-up, not the mistake, which is in the environment.
@@ -86,11 +85,7 @@ def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
 def start_local_runner(backend:str) -> str:
   if backend == "metal" and sys.platform != "darwin":
     raise RunnerUnavailable("metal_runner: no METAL_RUNNER address, and a local Metal runner needs macOS")
-  if not (exe:=DAEMON / "metal_runner").exists():
-    try: r = subprocess.run(["make", "-C", str(DAEMON)], capture_output=True, text=True)
-    except OSError as e: raise RunnerUnavailable(f"metal_runner: no runner address in METAL_RUNNER and {exe} is not built: {e}") from e
-    if r.returncode != 0 or not exe.exists():
-      raise RunnerUnavailable(f"metal_runner: no runner address in METAL_RUNNER and building {exe} failed:\n{(r.stdout + r.stderr)[-3000:]}")
+  exe = runner_exe()   # the clone's daemon/, or a pip install's sources built once into a per-user cache (client/local_build.py)
   # a client that holds a token refuses a runner that does not prove it (client/connection.py): its own runner gets the token too
   try: token = ["--token-file", tf[0]] if (tf:=token_file()) else []
   except TokenFileError as e: raise RunnerUnavailable(f"metal_runner: no runner address, so a local runner: {e}") from None
