@@ -2,8 +2,9 @@
 # its exact text (a trailing comment aside) to a case here: a command changed or added in the README and not here, or the other
 # way round, fails test_every_readme_command_has_a_case. Where a command names a Mac, it runs on this machine with the Mac played
 # by a runner on 127.0.0.1 (its `make -C daemon` is this machine's build: the CPU backend on Linux) and the Mac's and the host's
-# home directories two temporary ones, so the token goes from one to the other as the README says. The two commands CI itself
-# is (./test.sh) or runs elsewhere (tests/mac_report.py, tests/test_mac_report.py) are checked as text, not run again here.
+# home directories two temporary ones, so the token goes from one to the other as the README says. The commands CI itself
+# is (./test.sh) or runs elsewhere (tests/mac_report.py, tests/test_mac_report.py; the pip install, tests/test_pip_install.py) are checked
+# as text, not run again here.
 import os, pathlib, re, select, shlex, signal, stat, subprocess
 import pytest
 from conftest import ROOT, stop
@@ -19,7 +20,9 @@ ON_THE_MAC = ["make -C daemon",
 ON_THE_HOST = ["scp mac.local:.metal_runner_token ~/ && chmod 600 ~/.metal_runner_token",
                ".venv/bin/python -m client probe mac.local",   # port 6667 and ~/.metal_runner_token by default
                ".venv/bin/python -m client run --runner mac.local myscript.py"]
-CASES = [QUICK_START, TEST_SH, MAC_REPORT, *ON_THE_MAC, *ON_THE_HOST]   # in the README's order
+# run by tests/test_pip_install.py, in a fresh venv outside the clone with the venv's bin first on PATH (as activated)
+IN_YOUR_ENV = ["pip install /path/to/metal_runner", "python -m client run myscript.py"]
+CASES = [QUICK_START, TEST_SH, MAC_REPORT, *ON_THE_MAC, *ON_THE_HOST, *IN_YOUR_ENV]   # in the README's order
 
 # a tinygrad program as its user wrote it: it never names this project
 MYSCRIPT = """\
@@ -50,6 +53,9 @@ def test_mac_report_command_is_the_scripts_own_and_is_run():
   # tests/test_mac_report.py runs the script in ./test.sh (against the Metal emulator); its docstring shows the README's command
   assert MAC_REPORT in (ROOT / "tests" / "mac_report.py").read_text()
   assert 'str(ROOT / "tests" / "mac_report.py")' in (ROOT / "tests" / "test_mac_report.py").read_text()
+
+def test_pip_install_commands_are_run_in_a_fresh_venv():
+  assert "IN_YOUR_ENV" in (ROOT / "tests" / "test_pip_install.py").read_text()
 
 def readme_env(home:pathlib.Path) -> dict[str, str]:
   """The environment of a newcomer's shell: no runner named, no token, no device chosen."""
