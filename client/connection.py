@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib, dataclasses, hashlib, hmac, os, shlex, socket, struct, time, weakref
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, copy_max
+from .progress import uploads
 
 FLUSH_SIZE = 64 * 1024  # flush pipelined requests once the send buffer passes this
 COPY_SIZE = 16 * 1024   # smaller payloads are copied into the send buffer, larger ones go out from the caller's memory
@@ -240,6 +241,7 @@ class Runner:
     hostport, addr = parse_addr(addr), full_addr(addr)
     self.addr, self.sock, self.info, self.maxmsg = addr, None, None, P.DEFAULT_MAXMSG
     self.cache = os.environ.get("METAL_RUNNER_CACHE", "1") != "0" if cache is None else cache
+    self.progress = uploads()   # None unless stderr is a terminal: then uploads that take a while show a bar (client/progress.py)
     self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends
     self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
     self.link_faults = 0   # EPEER errors seen: copies or links between runners that failed
@@ -389,6 +391,10 @@ class Runner:
     if len(mv) < COPY_SIZE:   # one small frame, copied into the send buffer: nothing of the caller's memory is kept
       self._send(P.TWRITE, (_TWRITE_DESC, h, offset, len(mv)), 0, [mv], handle=h, offset=offset, count=len(mv))
       return
+    if self.progress is None: return self._write(h, offset, mv, step)
+    with self.progress.write(self, len(mv)): self._write(h, offset, mv, step)
+
+  def _write(self, h:int, offset:int, mv:memoryview, step:int):
     if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
     with self._lending():
       for i in range(0, max(len(mv), 1), step):
@@ -444,6 +450,7 @@ class Runner:
     (Tack, riding with the next request) once it arrived, so that the runner, which keeps an Rread's data by reference to the buffer
     to send it again after a dropped link, lets go of it before anything can change the buffer. A runner without CAP_ACK keeps only
     its last Rresumekey.log bytes of replies: there parts are at most a quarter of that, two in flight."""
+    if self.progress is not None: self.progress.stop()
     mv, rs = memoryview(dest).cast("B"), self._rs
     step, depth, ack = min(READ_PART, self.maxmsg - P.MSGS[P.RREAD].size), READ_DEPTH, False
     if rs is not None:
