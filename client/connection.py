@@ -186,6 +186,8 @@ def _printable(b:bytes) -> str:
 _runners: weakref.WeakSet = weakref.WeakSet()
 
 def _after_fork_in_child():
+  global _pool
+  _pool = None   # its thread is not in this process: an executor that believes it has one idle would never run the work
   for r in list(_runners):
     if r.sock is not None:
       with contextlib.suppress(OSError): r.sock.close()

@@ -86,7 +86,7 @@ class Uploads:
     self._reset()
 
   def _exit(self):
-    if self.lock.acquire(timeout=1):
+    if self is _uploads and self.lock.acquire(timeout=1):   # not a parent's, in a child made by fork()
       self._close()
       self.lock.release()
 
@@ -97,6 +97,11 @@ class _Write:
   def __exit__(self, *exc): self.u._end(self.n)
 
 _uploads: Uploads|None = None
+
+def _after_fork_in_child():
+  global _uploads
+  _uploads = None   # its thread is not in this process, and its lock may have been held by it
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def uploads() -> Uploads|None:
   """The process's Uploads, or None when progress is not shown (stderr not a terminal, METAL_RUNNER_PROGRESS=0)."""

@@ -370,3 +370,20 @@ def test_runner_killed_mid_store_leaves_nothing_that_is_served(tmp_path):
     out, st = roundtrip(r.addr, data)
     assert out == data
   finally: r.stop()
+
+def test_cached_write_in_a_forked_child(tmp_path):
+  # the thread that hashes a cached write's chunks is not in a child made by fork(): the child gets a new one, not a hang
+  data = os.urandom(4 * MB)
+  r = cache_runner(tmp_path)
+  try:
+    assert roundtrip(r.addr, data)[0] == data   # the parent's hashing thread exists, and waits for work
+    if (pid := os.fork()) == 0:
+      try: os._exit(0 if roundtrip(r.addr, data[::-1])[0] == data[::-1] else 1)
+      finally: os._exit(2)
+    deadline = time.monotonic() + 20
+    while (w := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline: time.sleep(0.05)
+    if w == (0, 0):
+      os.kill(pid, 9)
+      os.waitpid(pid, 0)
+    assert w[0] == pid and os.waitstatus_to_exitcode(w[1]) == 0, "the child's cached write hung or failed"
+  finally: r.stop()
