@@ -15,6 +15,7 @@ this tree's. Run as a script, it is one of bench/run.py's measuring processes:
                                      make every MiB of it content no runner has seen (untimed), as a new upload to a runner cache is
       read NAME SIZE COUNT           COUNT reads of the SIZE buffer, each waited for
       profile NAME MODE              Tprofile MODE (0 off, 1 on; waits, as sync does): the records it handed out
+      progress NAME MODE             upload progress on (1) as with stderr a terminal, or off (0), for this connection
       idle ADDR N / closeidle        open N idle connections (each pings once) / close them
       close NAME
   python3 bench/proto.py conc HOST:PORT SECONDS
@@ -162,6 +163,10 @@ def serve():
     elif c == "profile":
       recs, left, lost, cap = conns[a[0]].r.profile(int(a[1]))
       return {"records": len(recs), "left": left, "lost": lost, "cap": cap}
+    elif c == "progress":   # upload progress as with stderr a terminal (client/progress.py), at its default threshold; 0: off
+      from client.progress import Uploads
+      conns[a[0]].r.progress = Uploads(2.0) if int(a[1]) else None
+      return {}
     elif c == "idle":
       idle.extend(Runner(a[0]) for _ in range(int(a[1])))
       for r in idle: r.ping()

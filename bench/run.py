@@ -20,10 +20,12 @@ bench/tg_worker.py); this process starts the servers, pins processes and keeps t
                    alternately: resumable sessions (the default, against --resume-grace 0), the profile (Runner.profile(PROFILE_ON) on
                    both connections, against off, the default), the cache (--cache-dir in a temporary directory with the client's
                    default cache=True, against no --cache-dir; writes of 1 MiB and more then go by content, SHA-256: a first write of 64
-                   MiB of content the runner has not seen and a repeated write of the same), confinement (the default, against
-                   --no-confine), process isolation (the CPU default, against --isolation thread). Each: ping round trip (median of
-                   2,000, the runner's session and the client on one CPU), a 64 MiB write to a sync and a 64 MiB read (median of 5,
-                   --quick 3), 1,000 pipelined launches of an empty kernel then sync (median of 5); on/off, each run's own ratio
+                   MiB of content the runner has not seen and a repeated write of the same), upload progress (client/progress.py on
+                   both connections as when stderr is a terminal, at its default 2 s, against off, as with stderr a pipe), confinement
+                   (the default, against --no-confine), process isolation (the CPU default, against --isolation thread). Each: ping
+                   round trip (median of 2,000, the runner's session and the client on one CPU), a 64 MiB write to a sync and a 64 MiB
+                   read (median of 5, --quick 3), 1,000 pipelined launches of an empty kernel then sync (median of 5); on/off, each
+                   run's own ratio
   7. network       only with --only network (about 15 minutes): over EMULATED links (bench/linkemu.c), this runner vs local tinygrad and
                    0.11's REMOTE: bench/netbench.py
   8. multi         only with --only multi (about 6 minutes, --quick 1): several runners as one, bench/multirunner.py: greedy decoding
@@ -573,13 +575,14 @@ def bench_footprint(reps:int):
 # runner settings, each its own runner of the same binary: options; None stands for a temporary directory
 SETTINGS = {"default": [], "noresume": ["--resume-grace", "0"], "cache": ["--cache-dir", None], "noconfine": ["--no-confine"],
             "thread": ["--isolation", "thread"]}
-# feature, what, (runner setting, profile on) when on, when off
+# feature, what, (runner setting, client option: "" none, "profile" Runner.profile(PROFILE_ON), "progress" upload progress) when on, off
 FEATURES = [
-  ("resume", "resumable sessions (default; off: --resume-grace 0)", ("default", 0), ("noresume", 0)),
-  ("profile", "profile (Runner.profile(PROFILE_ON); off: the default)", ("default", 1), ("default", 0)),
-  ("cache", "cache (--cache-dir, client cache=True; off: no cache)", ("cache", 0), ("default", 0)),
-  ("confine", "confinement (default; off: --no-confine)", ("default", 0), ("noconfine", 0)),
-  ("isolation", "process isolation (default; off: --isolation thread)", ("default", 0), ("thread", 0)),
+  ("resume", "resumable sessions (default; off: --resume-grace 0)", ("default", ""), ("noresume", "")),
+  ("profile", "profile (Runner.profile(PROFILE_ON); off: the default)", ("default", "profile"), ("default", "")),
+  ("cache", "cache (--cache-dir, client cache=True; off: no cache)", ("cache", ""), ("default", "")),
+  ("progress", "upload progress (stderr a terminal; off: not one)", ("default", "progress"), ("default", "")),
+  ("confine", "confinement (default; off: --no-confine)", ("default", ""), ("noconfine", "")),
+  ("isolation", "process isolation (default; off: --isolation thread)", ("default", ""), ("thread", "")),
 ]
 FEAT_METRICS = {"ping": ("µs", "ping RTT, 1 CPU (median of 2,000)"), "write": ("GB/s", "write 64 MiB to a sync"),
                 "write_first": ("GB/s", "write 64 MiB to a sync, new content"), "write_repeat": ("GB/s", "write 64 MiB to a sync, the same again"), "read": ("GB/s", "read 64 MiB"),
@@ -600,16 +603,17 @@ def bench_features(reps:int, quick:bool):
           log(f"  {prefix(side)}runner {' '.join(o or 'DIR' for o in opts) or '(defaults)'}: {e}")
       w = pw[side] = proto_worker(side, "features")
       # per setting, like section 2: a connection for pings, whose runner side stays on the first CPU, and one for data and launches
-      for s, prof in dict.fromkeys(x for _, _, on, off in FEATURES for x in (on, off)):
+      for s, opt in dict.fromkeys(x for _, _, on, off in FEATURES for x in (on, off)):
         if (r := runners.get((side, s))) is None: continue
-        name = f"{s}{'+profile' if prof else ''}"
+        name = f"{s}{'+' + opt if opt else ''}"
         if (peer := connect(w, f"session {name}.pg {r.addr}", r.pid)) and cpu != "-": peer.pin({cpu})
         if (peer := connect(w, f"session {name}.s {r.addr} 4096 {64 * MIB}", r.pid)) and bulk: peer.pin({bulk[0]})
-        if prof:
-          for c in ("pg", "s"): w.call(f"profile {name}.{c} 1")
+        for c in ("pg", "s") if opt else ():
+          try: w.call(f"{opt} {name}.{c} 1")
+          except Exception as e: log(f"  {prefix(side)}{opt} on {name}.{c}: {e}")   # e.g. an older client without upload progress
 
-    def run(side:Side, feature:str, s:str, prof:int) -> dict:
-      w, name = pw[side], f"{s}{'+profile' if prof else ''}"
+    def run(side:Side, feature:str, s:str, opt:str) -> dict:
+      w, name = pw[side], f"{s}{'+' + opt if opt else ''}"
       res = {"ping": w.call(f"ping {name}.pg 2000 {cpu}")["median_us"]}
       if bulk: w.call(f"pin {bulk[1]}")
       w.call(f"write {name}.s {64 * MIB} 4")   # untimed, as in section 2: the first 100-200 MiB after a pause go at half speed here
@@ -624,17 +628,17 @@ def bench_features(reps:int, quick:bool):
       res["read"] = statistics.median(w.call(f"read {name}.s {64 * MIB} 1")["gbps"] for _ in range(n))
       res["launch"] = statistics.median(w.call(f"launches {name}.s 1000")["per_s"] for _ in range(5))
       if bulk: w.call("pin -")
-      if prof: w.call(f"profile {name}.s 1")   # hand out the records (untimed), so that they never fill
+      if opt == "profile": w.call(f"profile {name}.s 1")   # hand out the records (untimed), so that they never fill
       return res
 
     for rep in range(reps):
       for i, (feature, what, on, off) in enumerate(FEATURES):
         states = [("on", on), ("off", off)] if (rep + i) % 2 == 0 else [("off", off), ("on", on)]
         got = {}
-        for state, (s, prof) in states:
+        for state, (s, opt) in states:
           for side in order(rep):
             if (side, s) not in runners: continue
-            try: got[(side, state)] = run(side, feature, s, prof)
+            try: got[(side, state)] = run(side, feature, s, opt)
             except Exception as e:
               side.fig[f"error.feat.{feature}.{state}"] = {"error": f"{type(e).__name__}: {e}"}
               log(f"  {prefix(side)}{feature} {state}: {e}")

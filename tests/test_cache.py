@@ -324,3 +324,66 @@ def test_empty_content_is_not_served_even_from_a_good_file(tmp_path, iso):
     with Runner(r.addr) as rn:
       assert rn.have([d]) == [False]
   finally: r.stop()
+
+def test_write_in_groups_mixes_held_and_new_chunks(tmp_path):
+  # write_cached hashes and asks group by group (1, 2, 4, then 8 chunks), each group's Thave sent before the previous group's data:
+  # held chunks in every group, a chunk repeated across groups and a short last chunk must all land where they belong
+  c = [os.urandom(MB) for _ in range(12)]
+  held = [c[0], c[3], c[6], c[9]]
+  # groups: [c0] [c1 c2] [c0 c3 c4 c1] [c5 c6 ...]: c0 again where this write already knows it held, c1 and c5 again, a short tail
+  data = b"".join([c[0], c[1], c[2], c[0], c[3], c[4], c[1], *c[5:], c[5]]) + os.urandom(MB // 3)
+  r = cache_runner(tmp_path)
+  try:
+    roundtrip(r.addr, b"".join(held))
+    assert stored(tmp_path, b"".join(held))
+    out, st = roundtrip(r.addr, data)
+    assert out == data
+    # the 5 held chunks go by hash; the repeated c1 and c5 may too, if stored and asked about by the time they come again
+    assert len(data) - 7 * MB <= st["bytes_sent"] <= len(data) - 5 * MB + 64 * 1024, st
+    assert stored(tmp_path, data[:(len(data) // MB) * MB])   # every new whole chunk is kept
+  finally: r.stop()
+
+def test_runner_killed_mid_store_leaves_nothing_that_is_served(tmp_path):
+  # a store is a temporary file renamed into place once whole and hashed: a runner killed (SIGKILL) while storing leaves only
+  # whole files named by their hash, and temporary ones that are never served; a new runner on the same directory serves right bytes
+  data = os.urandom(192 * MB)
+  r = cache_runner(tmp_path)
+  errs = []
+  def upload():
+    try: roundtrip(r.addr, data)
+    except Exception as e: errs.append(e)
+  t = threading.Thread(target=upload)
+  t.start()
+  try:
+    assert until(lambda: any(f.name.startswith(".tmp.") for f in (tmp_path / "cache").iterdir()), 20)
+    os.kill(r.proc.pid, 9)   # the runner: its sessions and their cache helpers die with it (PR_SET_PDEATHSIG)
+  finally:
+    t.join(60)
+    r.stop()
+  assert errs, "the upload finished before the runner was killed: nothing was tested"
+  cache = tmp_path / "cache"
+  for f in files(cache):   # what is there under a hash name is whole and hashes to its name
+    body = f.read_bytes()
+    assert body[:8] == b"MRCACHE1" and hashlib.sha256(body[48:]).hexdigest() == f.name == body[16:48].hex()
+  r = cache_runner(tmp_path)
+  try:
+    out, st = roundtrip(r.addr, data)
+    assert out == data
+  finally: r.stop()
+
+def test_cached_write_in_a_forked_child(tmp_path):
+  # the thread that hashes a cached write's chunks is not in a child made by fork(): the child gets a new one, not a hang
+  data = os.urandom(4 * MB)
+  r = cache_runner(tmp_path)
+  try:
+    assert roundtrip(r.addr, data)[0] == data   # the parent's hashing thread exists, and waits for work
+    if (pid := os.fork()) == 0:
+      try: os._exit(0 if roundtrip(r.addr, data[::-1])[0] == data[::-1] else 1)
+      finally: os._exit(2)
+    deadline = time.monotonic() + 20
+    while (w := os.waitpid(pid, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline: time.sleep(0.05)
+    if w == (0, 0):
+      os.kill(pid, 9)
+      os.waitpid(pid, 0)
+    assert w[0] == pid and os.waitstatus_to_exitcode(w[1]) == 0, "the child's cached write hung or failed"
+  finally: r.stop()
