@@ -30,7 +30,7 @@ def write(path:str, blocks:int=2, dim:int=64, ffn:int=128, heads:int=4, kv_heads
   import gguf
   assert dim % heads == 0 and dim % 32 == 0 and ffn % 32 == 0, "Q8_0 rows are multiples of 32 values"
   tokens, types = vocabulary(vocab)
-  g, hd = np.random.default_rng(seed), dim // heads
+  g, hd, Q8_0 = np.random.default_rng(seed), dim // heads, gguf.GGMLQuantizationType.Q8_0
   w = gguf.GGUFWriter(path, "llama")
   w.add_name("ggufgen-llama")
   w.add_block_count(blocks)
@@ -50,7 +50,7 @@ def write(path:str, blocks:int=2, dim:int=64, ffn:int=128, heads:int=4, kv_heads
   w.add_eos_token_id(tokens.index("<|eot_id|>"))
   def mat(name:str, rows:int, cols:int):
     a = (g.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float32)
-    if name.split(".")[-2] in QUANTIZED: w.add_tensor(name, gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    if name.split(".")[-2] in QUANTIZED: w.add_tensor(name, gguf.quants.quantize(a, Q8_0), raw_dtype=Q8_0)
     else: w.add_tensor(name, a.astype(np.float16))
   def norm(name:str): w.add_tensor(name, (1 + 0.1 * g.standard_normal(dim, dtype=np.float32)).astype(np.float32))
   mat("token_embd.weight", len(tokens), dim)

@@ -1,20 +1,17 @@
 # tinygrad's own LLM app (python -m tinygrad.llm: chat, --benchmark, --serve) through `python -m client run` on a CPU runner, with a small
 # GGUF made here (tests/ggufgen.py: llama, random weights, float16 and Q8_0), against tinygrad's own CPU device for the same tokens.
 # The stand-in for tinygrad.llm.kernels, which tinygrad 0.14.0's wheel lacks (client/llm_kernels.py), checked on its own first.
-import contextlib, os, re, signal, socket, subprocess, sys, time, urllib.request
+import re, subprocess, sys
 import pytest
 from conftest import ROOT
 from runner_proc import runner
 from ggufgen import write
+from llm_app import env_for, served
 
-APP = str(ROOT / "tests" / "llm_app.py")
 CTX = "64"
-OWN_VARS = ("METAL_RUNNER", "METAL_RUNNER_TOKEN_FILE", "DEV", "DEBUG", "BEAM", "METAL_RUNNER_CLIENT_RUN", "METAL_RUNNER_LLM_KERNELS_SAID")
 
 def python(*argv:str, env:dict|None=None, stdin:str|None=None, timeout:float=180) -> subprocess.CompletedProcess:
-  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
-  e.update({"PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **(env or {})})
-  return subprocess.run([sys.executable, *argv], env=e, input=stdin, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+  return subprocess.run([sys.executable, *argv], env=env_for(env or {}), input=stdin, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str: return write(str(tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
@@ -34,8 +31,8 @@ k.install(); k.install()
 from tinygrad import nn
 import tinygrad.llm.model as m, tinygrad.llm.kernels.amd as amd
 l = amd.Linear(64, 32, bias=False)
-print(issubclass(amd.Linear, nn.Linear), m.Linear is amd.Linear, (l.in_features, l.out_features), l.ggml_type, amd.amd_custom_kernels_supported("CPU"),
-      amd.amd_custom_kernels_supported("AMD"), sum(isinstance(f, k.StandIn) for f in sys.meta_path))
+print(issubclass(amd.Linear, nn.Linear), m.Linear is amd.Linear, (l.in_features, l.out_features), l.ggml_type,
+      amd.amd_custom_kernels_supported("CPU"), amd.amd_custom_kernels_supported("AMD"), sum(isinstance(f, k.StandIn) for f in sys.meta_path))
 try: amd.flash_attention(None, None, 0)
 except NotImplementedError as e: print(e)
 """
@@ -101,36 +98,6 @@ def test_chat_on_stdin_answers_with_the_cpu_devices_text(model, logged):
   assert len(answers[0]) == 2 and len(answers[0][0]) > 20, here.stdout
   assert answers[0] == answers[1]
 
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-@contextlib.contextmanager
-def server(argv:list[str], env:dict, log, timeout:float=180):
-  """tests/llm_app.py --serve on a free loopback port, its output to the file log; yields its base URL once it answers; stops it by pid."""
-  port = free_port()
-  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
-  e.update({"PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **env})
-  with open(log, "w") as out:
-    p = subprocess.Popen([sys.executable, *argv, "--serve", str(port)], env=e, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
-  try:
-    url, deadline = f"http://127.0.0.1:{port}/v1", time.monotonic() + timeout
-    while True:
-      assert p.poll() is None, f"the server exited {p.returncode}: {log.read_text()}"
-      assert time.monotonic() < deadline, "the server did not answer in time"
-      with contextlib.suppress(OSError):
-        with urllib.request.urlopen(url + "/models", timeout=2): break
-      time.sleep(0.2)
-    yield url
-  finally:
-    if p.poll() is None:
-      os.kill(p.pid, signal.SIGTERM)
-      try: p.wait(10)
-      except subprocess.TimeoutExpired:
-        os.kill(p.pid, signal.SIGKILL)
-        p.wait()
-
 def ask(url:str, stream:bool) -> tuple[str, str]:
   import openai
   c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
@@ -147,9 +114,10 @@ def ask(url:str, stream:bool) -> tuple[str, str]:
 
 @pytest.mark.slow
 def test_serve_answers_the_openai_client_with_the_cpu_devices_tokens(model, logged, tmp_path):
-  argv = [APP, "--model", model, "--max_context", CTX]
-  with server(["-m", "client", "run", "--runner", logged.addr, *argv], {}, tmp_path / "runner.log") as url: streamed, whole = ask(url, True), ask(url, False)
-  with server(argv, {"DEV": "CPU"}, tmp_path / "cpu.log") as url: cpu = ask(url, False)
+  args = ["--model", model, "--max_context", CTX]
+  with served(["-m", "client", "run", "--runner", logged.addr], args, {}, tmp_path / "runner.log") as (url, _):
+    streamed, whole = ask(url, True), ask(url, False)
+  with served([], args, {"DEV": "CPU"}, tmp_path / "cpu.log") as (url, _): cpu = ask(url, False)
   assert "max context 64 on REMOTE" in (tmp_path / "runner.log").read_text() and "max context 64 on CPU" in (tmp_path / "cpu.log").read_text()
   assert len(whole[0]) > 0 and whole[1] in ("length", "stop")
   assert streamed == whole == cpu, (streamed, whole, cpu)
