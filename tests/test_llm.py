@@ -85,18 +85,35 @@ def test_benchmark_decodes_on_the_runner(model, logged):
   assert len(re.findall(r"tok/s", p.stdout)) == 6, p.stdout
   assert loaded(logged), "no kernel was loaded on the runner"
 
+CHAT = "Hello world\n"
+
+def answers(p:subprocess.CompletedProcess) -> list[str]:
+  """The replies of the chat, each ended by the next prompt: one turn (random weights rarely end a reply, so it runs to the end of the
+  context, which a second turn would exceed), then the prompt that met the end of stdin."""
+  assert p.returncode == 0, p.stderr
+  return p.stdout.split(">>> ")[1:]
+
+@pytest.fixture(scope="module")
+def cpu_chat(model) -> list[str]:
+  p = python("-m", "client.llm_kernels", "--model", model, "--max_context", CTX, stdin=CHAT, env={"DEV": "CPU"})
+  assert "on CPU" in p.stdout
+  return answers(p)
+
 @pytest.mark.slow
-def test_chat_on_stdin_answers_with_the_cpu_devices_text(model, logged):
-  argv, stdin = ["--model", model, "--max_context", CTX], "Hello world\n"
-  here = python("-m", "client", "run", "--runner", logged.addr, "-m", "tinygrad.llm", *argv, stdin=stdin)
-  cpu = python("-m", "client.llm_kernels", *argv, stdin=stdin, env={"DEV": "CPU"})
-  assert here.returncode == 0 and cpu.returncode == 0, here.stderr + cpu.stderr
-  assert "on REMOTE" in here.stdout and "on CPU" in cpu.stdout
-  answers = [s.split(">>> ")[1:] for s in (here.stdout, cpu.stdout)]
-  # one turn (random weights rarely end a reply: it runs to the end of the context, which a second turn would exceed), then the prompt
-  # that met the end of stdin
-  assert len(answers[0]) == 2 and len(answers[0][0]) > 20, here.stdout
-  assert answers[0] == answers[1]
+def test_chat_on_stdin_answers_with_the_cpu_devices_text(model, logged, cpu_chat):
+  p = python("-m", "client", "run", "--runner", logged.addr, "-m", "tinygrad.llm", "--model", model, "--max_context", CTX, stdin=CHAT)
+  assert "on REMOTE" in p.stdout
+  assert len(answers(p)) == 2 and len(answers(p)[0]) > 20, p.stdout
+  assert answers(p) == cpu_chat
+
+@pytest.mark.slow
+@pytest.mark.metal
+def test_chat_on_a_metal_runner_answers_with_the_cpu_devices_text(model, metal_addr, cpu_chat):
+  """On Linux the Metal emulator (a test harness), not a GPU."""
+  p = python("-m", "client", "run", "--runner", metal_addr, "-m", "tinygrad.llm", "--model", model, "--max_context", CTX, stdin=CHAT,
+             timeout=600)
+  assert "on METAL" in p.stdout
+  assert answers(p) == cpu_chat
 
 def ask(url:str, stream:bool) -> tuple[str, str]:
   import openai
