@@ -64,14 +64,8 @@ def build_llm(device:str, split:tuple[str, str]|None=None) -> dict:
   the embedding and the first half of the blocks on dev0, the other blocks, the final norm and the head on dev1 (place_split)."""
   Tensor.manual_seed(0)
   if V014:
-    if "tinygrad.llm.kernels.amd" not in sys.modules:
-      # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/ (model.py imports it): stand in with what it means off AMD GPUs, plain
-      # nn.Linear and no custom kernels
-      import types
-      from tinygrad import nn
-      shim = types.ModuleType("tinygrad.llm.kernels.amd")
-      shim.Linear, shim.amd_custom_kernels_supported, shim.gated_delta_prefill, shim.flash_attention = nn.Linear, lambda dev: False, None, None
-      sys.modules["tinygrad.llm.kernels"], sys.modules["tinygrad.llm.kernels.amd"] = types.ModuleType("tinygrad.llm.kernels"), shim
+    from client.llm_kernels import install
+    install()   # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/ (model.py imports it): what it means off AMD GPUs, where it is missing
     from tinygrad.llm.model import Transformer, TransformerConfig
     hd = LLM["dim"] // LLM["n_heads"]
     cfg = {k: v for k, v in LLM.items()}

@@ -12,17 +12,15 @@ inside tinygrad, on local CPU devices (no runner involved), so it can be reporte
               llm2 runs on two runners
 """
 from __future__ import annotations
-import subprocess, sys, traceback, types
+import pathlib, subprocess, sys, traceback
 
 VARIANTS = ("replicate", "ffn", "all2d", "split")
 CFG = dict(num_blocks=2, dim=128, hidden_dim=256, n_heads=4, n_kv_heads=4, norm_eps=1e-5, vocab_size=256, max_context=64)
 
 def model():
-  from tinygrad import nn
-  if "tinygrad.llm.kernels.amd" not in sys.modules:   # the 0.14.0 wheel lacks tinygrad/llm/kernels/: what it means off AMD GPUs
-    shim = types.ModuleType("tinygrad.llm.kernels.amd")
-    shim.Linear, shim.amd_custom_kernels_supported, shim.gated_delta_prefill, shim.flash_attention = nn.Linear, lambda dev: False, None, None
-    sys.modules["tinygrad.llm.kernels"], sys.modules["tinygrad.llm.kernels.amd"] = types.ModuleType("tinygrad.llm.kernels"), shim
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+  from client.llm_kernels import install
+  install()   # the 0.14.0 wheel lacks tinygrad/llm/kernels/: what it means off AMD GPUs, where it is missing
   from tinygrad.llm.model import Transformer, TransformerConfig
   hd = CFG["dim"] // CFG["n_heads"]
   return Transformer(TransformerConfig(**CFG, head_dim=hd, rope_theta=10000.0, rope_dim=hd, v_head_dim=hd))

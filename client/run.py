@@ -98,6 +98,7 @@ def main(argv:list[str]) -> int:
   except RunnerUnavailable as e:   # before the program starts: it never runs on another device instead
     print(e, file=sys.stderr)
     return 1
+  stand_in_llm_kernels()
   # -m a.b imports the package a to find b: only now, so that the package's own code finds the devices installed
   if flag == "-m" and not importable(target):
     print(f"python -m client run: No module named {target}", file=sys.stderr)
@@ -108,6 +109,12 @@ def main(argv:list[str]) -> int:
   elif flag == "-m": runpy.run_module(target, run_name="__main__", alter_sys=True)   # sys.argv[0] becomes the module's file, as with python -m
   else: run_file(target)
   return 0
+
+def stand_in_llm_kernels():
+  """tinygrad.llm (python -m tinygrad.llm, its Transformer) needs tinygrad.llm.kernels, missing from tinygrad 0.14.0's wheel: a stand-in
+  while it is (client/llm_kernels.py), in the program as in its children (run_site/sitecustomize.py)."""
+  from .llm_kernels import install
+  install()
 
 def list_devices():
   """`-m tinygrad.device`, tinygrad's list of its devices, with the runner's. Run by runpy, tinygrad/device.py would be a second copy of

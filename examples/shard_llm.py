@@ -11,31 +11,20 @@ Without --runner the client starts two local runners. The runners' tokens come f
 as for python -m client run), or ~/.metal_runner_token.
 """
 from __future__ import annotations
-import argparse, os, pathlib, sys, time, types
+import argparse, os, pathlib, sys, time
 import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 SIZES = dict(blocks=6, dim=512, ffn=1024, heads=8, vocab=4096, context=128)   # 19.9 M parameters
 SHARD_AXIS0, SHARD_AXIS1 = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"), ("attn_output", "ffn_down")
 
-def shim_llm_kernels():
-  """tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/, which tinygrad/llm/model.py imports (bench/upstream/llm_kernels.md): stand
-  in what it means off AMD GPUs (plain nn.Linear, no custom kernels), only while the module is missing."""
-  try:
-    import tinygrad.llm.kernels.amd  # noqa: F401
-    return
-  except ImportError: pass
-  from tinygrad import nn
-  shim = types.ModuleType("tinygrad.llm.kernels.amd")
-  shim.Linear, shim.amd_custom_kernels_supported, shim.gated_delta_prefill, shim.flash_attention = nn.Linear, lambda dev: False, None, None
-  sys.modules["tinygrad.llm.kernels"], sys.modules["tinygrad.llm.kernels.amd"] = types.ModuleType("tinygrad.llm.kernels"), shim
-
 def build(devs:tuple[str, ...], mode:str, blocks:int, dim:int, ffn:int, heads:int, vocab:int, context:int):
   """The model on devs with random weights (seed 0, the same for every mode), and its decode step as a TinyJit.
   mode: "one" (devs[0]), "split" (the embedding and the first half of the blocks on devs[0], the rest and the head on devs[1]) or "tp"
   (q/k/v and ffn_gate/ffn_up sharded on their output axis, attn_output and ffn_down on their input axis, the KV cache on its head axis,
   the rest replicated: one all-reduce after the attention and one after the FFN of each block)."""
-  shim_llm_kernels()
+  from client.llm_kernels import install
+  install()   # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/ (bench/upstream/llm_kernels.md): what it means off AMD GPUs
   from tinygrad import Tensor, TinyJit, nn, dtypes
   from tinygrad.llm.model import Transformer, TransformerConfig, precompute_freqs_cis
   hd = dim // heads

@@ -139,14 +139,8 @@ def llm_model(dev:str, quick:bool):
   """tinygrad.llm's Transformer (a small config, float16 weights from numpy as Transformer.from_gguf loads them) whose forward returns the
   last position's logits: its own forward without the sampling step (which, at temperature 0, is the argmax of these logits)."""
   from tinygrad import Tensor, nn
-  try: import tinygrad.llm.kernels.amd  # noqa: F401
-  except ImportError:
-    # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/ (model.py imports it): what it means off AMD GPUs, plain nn.Linear and no custom
-    # kernels (as bench/link_worker.py does)
-    import types
-    shim = types.ModuleType("tinygrad.llm.kernels.amd")
-    shim.Linear, shim.amd_custom_kernels_supported, shim.gated_delta_prefill, shim.flash_attention = nn.Linear, lambda dev: False, None, None
-    sys.modules["tinygrad.llm.kernels"], sys.modules["tinygrad.llm.kernels.amd"] = types.ModuleType("tinygrad.llm.kernels"), shim
+  from client.llm_kernels import install
+  install()   # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/ (model.py imports it): what it means off AMD GPUs, where it is missing
   from tinygrad.llm.model import Transformer, TransformerConfig
   class Logits(Transformer):
     def forward(self, tokens, start_pos, temperature):

@@ -5,16 +5,14 @@ are sharded over two devices gives different logits from the same model on one d
 
   python3 bench/upstream/symbolic_prefill.py       # prints the largest difference of each variant; exit 1 if the symbolic one differs
 """
-import sys, types
+import pathlib, sys
 import numpy as np
 from tinygrad import Tensor, UOp, nn
 
 def transformer():
-  try: import tinygrad.llm.kernels.amd  # noqa: F401
-  except ImportError:   # the 0.14.0 wheel lacks tinygrad/llm/kernels/ (see llm_kernels.md): what it means off AMD GPUs
-    shim = types.ModuleType("tinygrad.llm.kernels.amd")
-    shim.Linear, shim.amd_custom_kernels_supported, shim.gated_delta_prefill, shim.flash_attention = nn.Linear, lambda d: False, None, None
-    sys.modules["tinygrad.llm.kernels"], sys.modules["tinygrad.llm.kernels.amd"] = types.ModuleType("tinygrad.llm.kernels"), shim
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+  from client.llm_kernels import install   # the 0.14.0 wheel lacks tinygrad/llm/kernels/ (see llm_kernels.md): what it means off AMD GPUs
+  install()
   from tinygrad.llm.model import Transformer, TransformerConfig
   return Transformer(TransformerConfig(num_blocks=1, dim=64, hidden_dim=128, n_heads=4, n_kv_heads=4, norm_eps=1e-5, vocab_size=64,
                                        max_context=16, head_dim=16, rope_theta=10000.0, rope_dim=16, v_head_dim=16))

@@ -26,6 +26,9 @@ def install():
   try: import client.remote_metal  # noqa: F401
   except ModuleNotFoundError as e:
     if e.name != "tinygrad": raise   # another Python, without tinygrad: it cannot use the devices, and need not
+    return
+  from client.llm_kernels import install as stand_in_llm_kernels   # tinygrad.llm.kernels, where tinygrad lacks it (client/llm_kernels.py)
+  stand_in_llm_kernels()
 
 no_profile()
 try: chain()
