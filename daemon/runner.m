@@ -338,9 +338,12 @@ mtl_bind_add(struct mtl_binds *b, NSUInteger index, NSUInteger size,
 
 /*
  * The buffer bindings of a pipeline built with reflection into b. From
- * macOS 13 reflection lists MTLBindings (MTLPipelineOptionBindingInfo);
- * before, MTLArguments (MTLPipelineOptionArgumentInfo, since deprecated).
- * Threadgroup memory, textures and the built-in ids are not buffers.
+ * macOS 13 reflection lists MTLBindings (MTLPipelineOptionBindingInfo), of
+ * which only buffers count (not threadgroup memory or textures; the
+ * built-in ids are no bindings). Before, it lists MTLArguments
+ * (MTLPipelineOptionArgumentInfo, since deprecated), and each counts as a
+ * buffer: tinygrad's kernels take no other kind, and one that did would be
+ * refused at Tload (EPROGRAM), never misbound.
  */
 static int
 mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
@@ -376,8 +379,6 @@ mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
 
 		for (i = 0, n = [all count]; i < n; i++) {
 			a = [all objectAtIndex:i];
-			if ([a type] != MTLArgumentTypeBuffer)
-				continue;
 			if (mtl_bind_add(b, [a index], [a bufferDataSize],
 			    [a bufferAlignment], err) == -1)
 				return -1;

@@ -221,9 +221,9 @@ metal_version(MTLLanguageVersion v)
  * parameters as library.c found them (their [[buffer(n)]] index) and the
  * compiler gave them (pointee or referee size and alignment): a buffer
  * binding for each `device T *` and `constant T &`, none for the built-in
- * ids. Only what runner.m reads: type, index, bufferDataSize and
- * bufferAlignment, with the bindings (macOS 13) and the arguments (before)
- * alike; without MTLPipelineOptionBindingInfo (the same bit as
+ * ids. Only what runner.m reads: the bindings' type (macOS 13), index,
+ * bufferDataSize and bufferAlignment, the bindings and the arguments
+ * (before 13) alike; without MTLPipelineOptionBindingInfo (the same bit as
  * ArgumentInfo) both are empty.
  */
 enum { EMU_OPT_BINDING_INFO = 1 << 0 };
@@ -260,10 +260,6 @@ enum { EMU_OPT_BINDING_INFO = 1 << 0 };
 @end
 
 @implementation MTLArgument
-- (MTLArgumentType)type
-{
-	return MTLArgumentTypeBuffer;
-}
 - (NSUInteger)index
 {
 	return ((EmuArgument *)self)->index;

@@ -144,13 +144,6 @@ typedef NS_ENUM(NSInteger, MTLBindingType) {
 	MTLBindingTypeBuffer = 0
 } API_AVAILABLE(macos(11.0));
 
-/* typedef NS_ENUM(NSUInteger, MTLArgumentType): MTLArgumentTypeBuffer = 0
- * (deprecated from macOS 13 with MTLArgument)
- * https://developer.apple.com/documentation/metal/mtlargumenttype/buffer */
-typedef NS_ENUM(NSUInteger, MTLArgumentType) {
-	MTLArgumentTypeBuffer = 0
-};
-
 /* https://developer.apple.com/documentation/metal/mtlbinding  (macOS 13) */
 @protocol MTLBinding <NSObject>
 /* @property(readonly) MTLBindingType type;
@@ -175,9 +168,6 @@ typedef NS_ENUM(NSUInteger, MTLArgumentType) {
 /* Deprecated in macOS 13 for MTLBinding; what systems before 13 give.
  * https://developer.apple.com/documentation/metal/mtlargument */
 @interface MTLArgument : NSObject
-/* @property(readonly) MTLArgumentType type;
- * https://developer.apple.com/documentation/metal/mtlargument/type */
-@property (readonly) MTLArgumentType type;
 /* @property(readonly) NSUInteger index;
  * https://developer.apple.com/documentation/metal/mtlargument/index */
 @property (readonly) NSUInteger index;
