@@ -1,7 +1,7 @@
 # The Metal backend (daemon/runner.m) over the wire protocol, with Metal source written here. On Linux it runs on the Metal
 # emulator (tests/metal_emulator, a test harness); against a Mac's runner (METAL_RUNNER) the same tests run on its GPU, except
 # the ones marked emulator_only, which read the emulator's own reports.
-import os, struct
+import struct
 import pytest
 from conftest import is_emulator, metal_runner_proc, needs_own_metal_runner
 from client import protocol as P
