@@ -100,29 +100,29 @@ constexpr int param_kind()
 	    METAL_EMU_PARAM_BUILTIN;
 }
 
+/* What a pointer or reference parameter points to (void: a char, so
+ * that its size reads 0 below and its alignment 1). */
+template <typename P>
+using pointee = typename std::remove_cv<typename std::remove_pointer<
+    typename std::remove_reference<P>::type>::type>::type;
+template <typename T>
+using sized = typename std::conditional<std::is_void<T>::value, char,
+    T>::type;
+
 template <typename P>
 constexpr size_t param_size()
 {
-	typedef typename std::remove_cv<typename std::remove_pointer<
-	    typename std::remove_reference<P>::type>::type>::type T;
-	if constexpr (std::is_void<T>::value)
-		return 0;
-	else
-		return sizeof(T);
+	return std::is_void<pointee<P>>::value ? 0 : sizeof(sized<pointee<P>>);
+}
+
+template <typename P>
+constexpr size_t param_align()
+{
+	return alignof(sized<pointee<P>>);
 }
 
 /* A built-in value converted to the parameter's type: uint3, ushort2,
  * uint, ... (vector types are clang ext_vector_types). */
-template <typename P>
-constexpr size_t param_align()
-{
-	typedef typename std::remove_cv<typename std::remove_pointer<
-	    typename std::remove_reference<P>::type>::type>::type T;
-	if constexpr (std::is_void<T>::value)
-		return 1;
-	else
-		return alignof(T);
-}
 
 template <typename P>
 static inline P builtin_value(const uint32_t *v)
