@@ -352,8 +352,12 @@ mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
 	NSUInteger i, n;
 
 	memset(b, 0, sizeof(*b));
-	if (refl == nil)
-		return 0;	/* unknown: mtl_binds_check lets it pass */
+	if (refl == nil) {
+		/* Unknown: mtl_binds_check lets it pass, as before. */
+		log_warn("metal: Metal gave no reflection for a pipeline, so "
+		    "its kernel's bindings and offsets are not checked");
+		return 0;
+	}
 	b->known = 1;
 	if (@available(macOS 13.0, *)) {
 		NSArray<id <MTLBinding>> *all = [refl bindings];
