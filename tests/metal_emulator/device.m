@@ -579,8 +579,10 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	p->lib = [f->lib retain];
 	p->k = f->k;
 	p->threaded = emu_lib_threaded(f->lib->lib);
+	/* METAL_EMU_NO_REFLECTION=1: none, as the runner must allow for. */
 	if (reflection != NULL)
-		*reflection = emu_reflection(f->k, options);
+		*reflection = getenv("METAL_EMU_NO_REFLECTION") != NULL ? nil :
+		    emu_reflection(f->k, options);
 	return p;
 }
 
