@@ -116,6 +116,13 @@ struct backend {
 	struct be_program *(*load)(struct be_session *s,
 	    const struct be_program_desc *d, char *err, char **longerr);
 	void (*unload)(struct be_session *s, struct be_program *p);
+	/* NULL, or: the alignment each of p's nbufs buffer offsets must have
+	 * (1: any), fixed when p was loaded and valid while it is; the
+	 * session refuses a launch with an offset that is not a multiple
+	 * (EINVAL) before the backend sees it. Metal: the data type's size
+	 * of each device buffer, from the pipeline's reflection. The CPU
+	 * backend cannot know the types in a machine-code image: NULL. */
+	const uint32_t *(*align)(const struct be_program *p);
 
 	/* Launch n kernels in order (n > 1 for a graph). With wait set, return
 	 * only when they finished and store the device-measured time in *ns.

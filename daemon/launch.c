@@ -100,6 +100,14 @@ resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
 			    "buffer %u (%llu bytes)", p->name, i,
 			    (unsigned long long)args[i].offset, args[i].handle,
 			    (unsigned long long)b->size);
+		/* Metal: a misaligned offset is undefined behaviour, and
+		 * its validation layer stops the whole process on it. */
+		if (p->align != NULL && args[i].offset % p->align[i] != 0)
+			return sess_errorf(s, tag, PROTO_EINVAL, "kernel %s "
+			    "argument %u: offset %llu is not a multiple of %u, "
+			    "the size of the data type the kernel reads there",
+			    p->name, i, (unsigned long long)args[i].offset,
+			    p->align[i]);
 		bufs[i] = b->b;
 		offs[i] = args[i].offset;
 	}

@@ -155,6 +155,8 @@ sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
 		free(longerr);
 		goto fail;
 	}
+	if (p->p != NULL && s->be->align != NULL)
+		p->align = s->be->align(p->p);
 	if (htab_put(&s->progs, t->prog, p) == -1) {
 		sess_errorf(s, tag, PROTO_ENOMEM, "out of host memory");
 		if (p->p != NULL)

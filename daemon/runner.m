@@ -83,12 +83,27 @@
  * client that reconnects does not compile everything again. */
 #define MTL_CACHE_IDLE 256
 
+/*
+ * The buffer bindings a kernel declares, from its pipeline's reflection:
+ * tinygrad binds its buffers at 0 .. nbufs-1 and its integers (setBytes)
+ * after them, so a Tload whose nbufs, nvals or value widths disagree would
+ * bind wrong (Apple's validation layer stops the process on that; without
+ * it a kernel reads short or past its data).
+ */
+struct mtl_binds {
+	int known;			/* 0: Metal gave no reflection */
+	uint32_t mask;			/* bit i: a buffer binding at index i */
+	NSUInteger size[MTL_MAX_ARGS];	/* its bufferDataSize */
+	NSUInteger align[MTL_MAX_ARGS];	/* its bufferAlignment */
+};
+
 /* A compiled pipeline, shared by every program loaded with the same key. */
 struct mtl_pipe {
 	struct mtl_pipe *next;
 	uint8_t digest[32];		/* SHA-256 of kind[2] name NUL data */
 	id <MTLComputePipelineState> pipe;	/* owned */
 	NSUInteger maxthreads;		/* pipe.maxTotalThreadsPerThreadgroup */
+	struct mtl_binds binds;		/* what its kernel binds */
 	unsigned refs;			/* be_programs using it */
 	uint64_t used;			/* when refs last dropped to 0 (LRU) */
 };
@@ -98,6 +113,8 @@ struct be_program {
 	uint16_t nbufs;
 	uint16_t nvals;
 	uint32_t wide;			/* bit i: value i is 64-bit (Tload.entry) */
+	/* Buffer i's offset must be a multiple of align[i] (backend.h). */
+	uint32_t align[MTL_MAX_ARGS];
 	char name[PROTO_MAX_NAME + 1];
 };
 
@@ -299,13 +316,166 @@ mtl_cache_trim(void)
 	}
 }
 
+/* ---- bindings (reflection) ---- */
+
+/* One buffer binding into b; -1 for an index past the argument table. */
+static int
+mtl_bind_add(struct mtl_binds *b, NSUInteger index, NSUInteger size,
+    NSUInteger align, char *err)
+{
+	if (index >= MTL_MAX_ARGS) {
+		mtl_seterr(err, "the kernel binds a buffer at index %lu; the "
+		    "argument table has %d entries", (unsigned long)index,
+		    MTL_MAX_ARGS);
+		return -1;
+	}
+	b->mask |= 1u << index;
+	b->size[index] = size;
+	/* An alignment of 0 would mean none; offsets are checked with %. */
+	b->align[index] = align != 0 ? align : 1;
+	return 0;
+}
+
+/*
+ * The buffer bindings of a pipeline built with reflection into b. From
+ * macOS 13 reflection lists MTLBindings (MTLPipelineOptionBindingInfo), of
+ * which only buffers count (not threadgroup memory or textures; the
+ * built-in ids are no bindings). Before, it lists MTLArguments
+ * (MTLPipelineOptionArgumentInfo, since deprecated), and each counts as a
+ * buffer: tinygrad's kernels take no other kind, and one that did would be
+ * refused at Tload (EPROGRAM), never misbound.
+ */
+static int
+mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
+    char *err)
+{
+	NSUInteger i, n;
+
+	memset(b, 0, sizeof(*b));
+	if (refl == nil) {
+		/* Unknown: mtl_binds_check lets it pass, as before. */
+		log_warn("metal: Metal gave no reflection for a pipeline, so "
+		    "its kernel's bindings and offsets are not checked");
+		return 0;
+	}
+	b->known = 1;
+	if (@available(macOS 13.0, *)) {
+		NSArray<id <MTLBinding>> *all = [refl bindings];
+		id <MTLBinding> x;
+
+		for (i = 0, n = [all count]; i < n; i++) {
+			x = [all objectAtIndex:i];
+			if ([x type] != MTLBindingTypeBuffer)
+				continue;
+			if (mtl_bind_add(b, [x index],
+			    [(id <MTLBufferBinding>)x bufferDataSize],
+			    [(id <MTLBufferBinding>)x bufferAlignment],
+			    err) == -1)
+				return -1;
+		}
+		return 0;
+	}
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+	{
+		NSArray<MTLArgument *> *all = [refl arguments];
+		MTLArgument *a;
+
+		for (i = 0, n = [all count]; i < n; i++) {
+			a = [all objectAtIndex:i];
+			if (mtl_bind_add(b, [a index], [a bufferDataSize],
+			    [a bufferAlignment], err) == -1)
+				return -1;
+		}
+	}
+#pragma clang diagnostic pop
+	return 0;
+}
+
+/* Build fn's compute pipeline, and read what it binds into b. */
+static id <MTLComputePipelineState>
+mtl_pipeline(id <MTLFunction> fn, struct mtl_binds *b, char *err)
+{
+	MTLComputePipelineReflection *refl = nil;
+	id <MTLComputePipelineState> pipe;
+	MTLPipelineOption opt;
+	NSError *e = nil;
+
+	/* Ask for the buffer bindings with their sizes and alignments. */
+	if (@available(macOS 13.0, *))
+		opt = MTLPipelineOptionBindingInfo |
+		    MTLPipelineOptionBufferTypeInfo;
+	else {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+		opt = MTLPipelineOptionArgumentInfo |
+		    MTLPipelineOptionBufferTypeInfo;
+#pragma clang diagnostic pop
+	}
+	/* Build the compute pipeline; refl is autoreleased. */
+	pipe = [mtl_dev newComputePipelineStateWithFunction:fn options:opt
+	    reflection:&refl error:&e];
+	if (pipe == nil) {
+		mtl_nserr(err, "Metal pipeline creation failed", e);
+		return nil;
+	}
+	if (mtl_binds_read(refl, b, err) == -1) {
+		[pipe release];
+		return nil;
+	}
+	return pipe;
+}
+
+/*
+ * Tload's nbufs, nvals and value widths against what the kernel binds:
+ * buffer bindings at exactly 0 .. nbufs+nvals-1, each value's 4 or 8
+ * bytes. Called at every load, also of a cached pipeline, as another
+ * client may state other bindings for the same kernel.
+ */
+static int
+mtl_binds_check(const struct mtl_binds *b, const struct be_program_desc *d,
+    char *err)
+{
+	unsigned i, n = (unsigned)d->nbufs + d->nvals, k, want;
+
+	if (!b->known)
+		return 0;
+	k = (unsigned)__builtin_popcount(b->mask);
+	if (k != n) {
+		mtl_seterr(err, "kernel %s binds %u buffers, Tload says %u "
+		    "(%u buffers and %u values)", d->name, k, n,
+		    (unsigned)d->nbufs, (unsigned)d->nvals);
+		return -1;
+	}
+	for (i = 0; i < n; i++)
+		if ((b->mask >> i & 1) == 0) {
+			mtl_seterr(err, "kernel %s binds no buffer at index %u; "
+			    "Tload's %u arguments go to indices 0 to %u",
+			    d->name, i, n, n - 1);
+			return -1;
+		}
+	for (i = 0; i < d->nvals; i++) {
+		k = d->nbufs + i;
+		want = d->entry >> i & 1 ? 8 : 4;
+		if (b->size[k] != want) {
+			mtl_seterr(err, "kernel %s: value %u (index %u) is %lu "
+			    "bytes in the kernel, Tload says %u", d->name, i, k,
+			    (unsigned long)b->size[k], want);
+			return -1;
+		}
+	}
+	return 0;
+}
+
 /*
  * Compile d into a pipeline the caller owns, or nil with err set; for a
  * compile error *longerr gets the compiler's whole text, which does not
  * fit err (the client wants it verbatim, as tinygrad shows it locally).
+ * What the kernel binds goes into binds.
  */
 static id <MTLComputePipelineState>
-mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
+mtl_compile(const struct be_program_desc *d, struct mtl_binds *binds,
+    char *err, char **longerr)
 {
 	dispatch_data_t data = nil;
 	NSString *src = nil, *name = nil;
@@ -316,7 +486,7 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 	/* One NSError per call: a library that compiles with warnings comes
 	 * with an error too (MTLLibraryErrorCompileWarning), which must never
 	 * stand for a later call's failure. */
-	NSError *e = nil, *pe = nil;
+	NSError *e = nil;
 	const char *text;
 
 	if (d->kind == PROTO_PROG_METALLIB) {
@@ -418,10 +588,7 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 		goto fail;
 	}
 
-	/* Build the compute pipeline. */
-	pipe = [mtl_dev newComputePipelineStateWithFunction:fn error:&pe];
-	if (pipe == nil)
-		mtl_nserr(err, "Metal pipeline creation failed", pe);
+	pipe = mtl_pipeline(fn, binds, err);
 
 fail:
 	[fn release];
@@ -454,6 +621,7 @@ mtl_probe(char **why)
 	static const char src[] = "#include <metal_stdlib>\n"
 	    "kernel void mtl_probe(device int *out) { out[0] = 1; }\n";
 	struct be_program_desc d;
+	struct mtl_binds binds;
 	id <MTLComputePipelineState> pipe;
 	char err[BE_ERR_MAX];
 
@@ -464,7 +632,7 @@ mtl_probe(char **why)
 	d.datalen = sizeof(src) - 1;
 	*why = NULL;
 	/* The same compile, options and pipeline as a client's source. */
-	pipe = mtl_compile(&d, err, why);
+	pipe = mtl_compile(&d, &binds, err, why);
 	if (pipe != nil) {
 		[pipe release];
 		return 0;
@@ -1001,6 +1169,39 @@ mtl_copy(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 
 /* ---- programs ---- */
 
+/* Drop a program's reference to its pipeline. */
+static void
+mtl_unref(struct mtl_pipe *p)
+{
+	@autoreleasepool {
+		pthread_mutex_lock(&mtl_lock);
+		if (--p->refs == 0)
+			p->used = ++mtl_clock;
+		mtl_cache_trim();
+		pthread_mutex_unlock(&mtl_lock);
+	}
+}
+
+/*
+ * Check d's bindings against the pipeline's and take each buffer's
+ * alignment: Apple, setBuffer:offset:atIndex:, "for buffers binding to an
+ * argument using the device address space, align the offset to the data
+ * type's size". Unknown bindings (no reflection) ask for none.
+ */
+static int
+mtl_prog_binds(struct be_program *prog, const struct be_program_desc *d,
+    char *err)
+{
+	const struct mtl_binds *b = &prog->pipe->binds;
+	uint16_t i;
+
+	if (mtl_binds_check(b, d, err) == -1)
+		return -1;
+	for (i = 0; i < d->nbufs; i++)
+		prog->align[i] = b->known ? (uint32_t)b->align[i] : 1;
+	return 0;
+}
+
 static struct be_program *
 mtl_load_body(const struct be_program_desc *d, char *err, char **longerr,
     unsigned *compiled)
@@ -1055,7 +1256,7 @@ mtl_load_body(const struct be_program_desc *d, char *err, char **longerr,
 
 	if (p == NULL) {
 		/* Compile outside the lock; other sessions keep running. */
-		if ((pipe = mtl_compile(d, err, longerr)) == nil)
+		if ((pipe = mtl_compile(d, &fresh->binds, err, longerr)) == nil)
 			goto fail;
 		(*compiled)++;
 		fresh->maxthreads = [pipe maxTotalThreadsPerThreadgroup];
@@ -1079,7 +1280,12 @@ mtl_load_body(const struct be_program_desc *d, char *err, char **longerr,
 	}
 
 	free(fresh);
+	fresh = NULL;
 	prog->pipe = p;
+	if (mtl_prog_binds(prog, d, err) == -1) {
+		mtl_unref(p);
+		goto fail;
+	}
 	prog->nbufs = d->nbufs;
 	prog->nvals = d->nvals;
 	prog->wide = d->entry;
@@ -1114,14 +1320,15 @@ static void
 mtl_unload(struct be_session *s, struct be_program *prog)
 {
 	(void)s;
-	@autoreleasepool {
-		pthread_mutex_lock(&mtl_lock);
-		if (--prog->pipe->refs == 0)
-			prog->pipe->used = ++mtl_clock;
-		mtl_cache_trim();
-		pthread_mutex_unlock(&mtl_lock);
-	}
+	mtl_unref(prog->pipe);
 	free(prog);
+}
+
+/* backend.h, align: fixed at load, so a launch checks with one % each. */
+static const uint32_t *
+mtl_align(const struct be_program *prog)
+{
+	return prog->align;
 }
 
 /* ---- launches ---- */
@@ -1396,6 +1603,7 @@ const struct backend be_metal = {
 	.copy = mtl_copy,
 	.load = mtl_load,
 	.unload = mtl_unload,
+	.align = mtl_align,
 	.launch = mtl_launch,
 	.sync = mtl_sync,
 	.idle = mtl_idle,

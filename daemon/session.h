@@ -34,6 +34,7 @@ struct program {
 	uint32_t link;		/* a link program's link handle */
 	uint16_t nbufs;
 	uint16_t nvals;
+	const uint32_t *align;	/* the backend's (backend.h), or NULL */
 	char name[PROTO_MAX_NAME + 1];
 };
 

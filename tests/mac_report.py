@@ -9,7 +9,8 @@ been observed: where it breaks there, the report (or the traceback) is the first
 
 On macOS, in order:
   1. builds the runner: make -C daemon (the Metal backend, daemon/runner.m);
-  2. starts it with the Metal backend on 127.0.0.1 (a free port) and MTL_DEBUG_LAYER=1 (Apple's Metal API Validation);
+  2. starts it with the Metal backend on 127.0.0.1 (a free port), -v (every failed request in its log) and MTL_DEBUG_LAYER=1 (Apple's
+     Metal API Validation);
   3. runs the Metal tests against it: pytest -m metal with METAL_RUNNER naming it and MTL_DEBUG_LAYER=1. The tests that start runners
      with options of their own skip then (tests/conftest.py); they run in a second pass without METAL_RUNNER, their runners inheriting
      MTL_DEBUG_LAYER=1;
@@ -18,7 +19,8 @@ On macOS, in order:
      bit for bit and gives the largest difference in ULP where they differ;
   5. stops that runner, starts a second one without MTL_DEBUG_LAYER (the validation layer costs time), and times both sides with the
      same code (FIGURES), in two more processes, one after the other;
-  6. writes the report: the Mac, macOS, the GPU family the runner reports, what passed, what failed with its output, the figures.
+  6. writes the report: the Mac, macOS, the GPU family the runner reports, what passed, what failed with its output, the figures, and
+     the Tloads and launches the runner refused for their bindings or a misaligned offset (in the tests, and in the computations).
 It takes a few minutes on Linux against the emulator at full size (--quick: under a minute); how long on a Mac is not known.
 
 On Linux the same steps run against daemon/metal_runner_emu (make -C daemon emu: the daemon on the Metal emulator, a test harness that
@@ -35,6 +37,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAC = sys.platform == "darwin"
 OWN_RUNNER_SKIP = "METAL_RUNNER names one already running"   # tests/conftest.py needs_own_metal_runner()
 SIMDGROUP = "simdgroup_multiply_accumulate"                 # MetalRenderer's tensor cores: 8x8 simdgroup matrices
+# the runner's log line for a Tload refused for its bindings or a launch for a misaligned offset (daemon/runner.m, daemon/launch.c)
+REFUSAL = re.compile(r"binds \d+ buffers, Tload says|binds no buffer at index|bytes in the kernel, Tload says|is not a multiple of \d+, the size")
 
 # *** the computations: each returns its named outputs (Tensors, realized together); inputs come from numpy with a fixed seed, so both
 # processes compute on the same bytes. tol: (rtol, atol) for floating outputs where bit equality is not expected (Linux: the CPU reference)
@@ -398,6 +402,7 @@ class Run:
     self.addr = self.fig_addr = None   # the runners' addresses: the first (validation layer on), the figures' (off)
     self.runner_events: list[str] = []   # the runner ended early, was started again
     self.crash: str|None = None          # this script's own failure, reported as such
+    self.cases_mark: tuple[list, int]|None = None   # the first runner's log, and its length when the computations started
 
   def step(self, what:str): print(f"mac_report: {what} ({time.perf_counter() - self.t0:.0f} s)", file=sys.stderr, flush=True)
 
@@ -415,7 +420,8 @@ class Run:
     sys.path.insert(0, str(ROOT / "tests"))
     from runner_proc import RunnerProc
     self.validate = validate
-    self.runner = RunnerProc("--backend", "metal", binary=self.bin, env={"MTL_DEBUG_LAYER": "1"} if validate else None)
+    # -v: the log has every failed request, so the report can count binding and alignment refusals (Report.refusals)
+    self.runner = RunnerProc("--backend", "metal", "-v", binary=self.bin, env={"MTL_DEBUG_LAYER": "1"} if validate else None)
     self.logs.append((self.runner.log, validate))
 
   def ensure_runner(self, before:str):
@@ -510,6 +516,8 @@ class Run:
       if build["ok"]:
         self.step("the Metal tests (pytest -m metal)")
         tests = self.tests()
+        self.ensure_runner("the computations")
+        self.cases_mark = (self.runner.log, len(self.runner.log))
         self.workers("cases", work)
         rows = self.compare(work)
         self.ensure_runner("the figures' runner started")
@@ -787,6 +795,21 @@ class Report:
       self.add(f"Runner {i + 1}, `{self.run.bin.name} --backend metal` {'with MTL_DEBUG_LAYER=1' if validate else 'without MTL_DEBUG_LAYER'} "
                f"({'the tests and computations' if validate else 'the figures'}): {len(log)} lines on stderr, {len(vl)} mentioning "
                "validation or an assertion.", "", code(trim("\n".join(log), 40) or "(empty)"), "")
+    self.refusals()
+
+  def refusals(self):
+    """Tloads refused for their bindings and launches for a misaligned offset: the tests provoke some, tinygrad's kernels never should."""
+    tests, work = [], []
+    mark_log, mark = self.run.cases_mark or (None, 0)
+    for log, _ in self.run.logs:   # the first runner's, up to the mark, were the tests'; the rest, the computations' and figures'
+      cut = mark if log is mark_log else len(log) if log is self.run.logs[0][0] else 0
+      tests += [ln for ln in log[:cut] if REFUSAL.search(ln)]
+      work += [ln for ln in log[cut:] if REFUSAL.search(ln)]
+    self.add(f"Binding and alignment refusals (the runner checks each Tload against the kernel's buffer bindings, EPROGRAM, and each buffer "
+             f"offset against its alignment, EINVAL, where Metal's validation layer would stop the process): **{len(tests)} during the "
+             f"Metal tests** (some provoke them on purpose), **{len(work)} during the computations and figures** (tinygrad's own kernels: "
+             "any there is a bug to report).", "")
+    if work: self.add(code(trim("\n".join(work), 20)), "")
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the docstring at the top of this file.")

@@ -7,7 +7,8 @@ import pytest
 from conftest import ROOT, needs_own_metal_runner
 import mac_report
 
-SELECTION = "test_hello or test_int_matmul or test_process_isolation_refused"   # the last one skips in the first pass: its own runner
+# test_process_isolation_refused skips in the first pass (its own runner); the graph run's misaligned offset is one refusal in the tests
+SELECTION = "test_hello or test_int_matmul or test_process_isolation_refused or test_offset_not_aligned_in_a_graph_run_is_einval"
 
 def table(report:str, header:str) -> list[list[str]]:
   """The rows of the Markdown table whose header line starts with header, as cells (escaped pipes kept inside their cell)."""
@@ -36,7 +37,7 @@ def test_report_on_linux(tmp_path):
   for w in ("**Not a Mac, not a GPU.**", "**Metal emulator**", "`daemon/metal_runner_emu`", "**tinygrad's CPU device**",
             "**No figure in this report is a GPU figure**", "within a tolerance, not bit for bit"):
     assert w in top, f"the warning lacks {w!r}"
-  assert "Result: **Metal tests 3 passed, 0 failed; computations 9 of 9 within tolerance**" in top
+  assert "Result: **Metal tests 4 passed, 0 failed; computations 9 of 9 within tolerance**" in top
   machine = {row[0]: row[1:] for row in table(report, "| | | where it came from |")}
   assert machine["GPU family"][0] == "Apple7" and "Rhello" in machine["GPU family"][1]
   assert machine["runner device"][0] == "Metal emulator (CPU, test harness)"
@@ -44,7 +45,7 @@ def test_report_on_linux(tmp_path):
   assert re.fullmatch(r"[0-9a-f]{12}( with local changes)?", machine["metal_runner commit"][0])
   assert machine["tinygrad, reference"][0].startswith("CPU:") and machine["tinygrad, runner"][0].startswith("METAL: MetalRenderer, arch Apple7")
   # the Metal tests: both passes, the second one for the test that starts its own runner
-  assert "**3 passed, 0 failed** (of them, 1 in the second pass)." in report
+  assert "**4 passed, 0 failed** (of them, 1 in the second pass)." in report
   assert "MTL_DEBUG_LAYER=1 pytest -m metal" in report and "tests/test_metal_backend.py::test_process_isolation_refused` (exit status 0" in report
   # every computation, within tolerance; the matmuls used simdgroup matrices on the runner (tensor cores: METAL only), none on the CPU
   rows = {row[0]: row for row in table(report, "| computation | what | result |")}
@@ -68,6 +69,8 @@ def test_report_on_linux(tmp_path):
                    r"stderr, 0 mentioning validation", report)
   assert re.search(r"Runner 2, `metal_runner_emu --backend metal` without MTL_DEBUG_LAYER \(the figures\): \d+ lines on stderr, 0 mentioning",
                    report)
+  # the refusals the runner logged: the test's misaligned offset, none from tinygrad's kernels
+  assert "**1 during the Metal tests** (some provoke them on purpose), **0 during the computations and figures**" in report
   first, second = re.search(r"METAL_RUNNER=(127\.0\.0\.1:\d+), the runner under MTL_DEBUG_LAYER=1", report), \
     re.search(r"through a second `daemon/metal_runner_emu` on (127\.0\.0\.1:\d+)", report)
   assert first and second and first[1] != second[1]

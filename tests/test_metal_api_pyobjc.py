@@ -61,8 +61,20 @@ CACHE = ROOT / ".cache" / "pyobjc-metal"
 # Where PyObjC's record of a Metal selector runner.m sends is not runner.m's type: {selector: {position: (the encoding runner.m's
 # declaration must have, PyObjC's record at that position or None for none, why)}}. Positions: "retval", or PyObjC's argument
 # index (2 is the selector's first argument). Each entry is checked both ways: runner.m must have the first encoding and PyObjC
-# the second, so an entry that has gone stale fails.
+# the second, so an entry that has gone stale fails. A key "selector@Container" applies to that container's declaration only,
+# where others (a protocol PyObjC records) declare the same selector.
+_CLASS_GETTER = "is a class: PyObjC records nothing for this property getter, whose types the runtime gives it on a Mac; "
 PYOBJC_DIFFERS = {
+  "bindings@MTLComputePipelineReflection": {"retval": ("@", None, "MTLComputePipelineReflection " + _CLASS_GETTER + "an NSArray "
+                                                       "(developer.apple.com/documentation/metal/mtlcomputepipelinereflection/bindings)")},
+  "arguments@MTLComputePipelineReflection": {"retval": ("@", None, "MTLComputePipelineReflection " + _CLASS_GETTER + "an NSArray "
+                                                        "(developer.apple.com/documentation/metal/mtlcomputepipelinereflection/arguments)")},
+  "index@MTLArgument": {"retval": ("Q", None, "MTLArgument " + _CLASS_GETTER + "NSUInteger (developer.apple.com/documentation/metal/"
+                                   "mtlargument/index)")},
+  "bufferDataSize@MTLArgument": {"retval": ("Q", None, "MTLArgument " + _CLASS_GETTER + "NSUInteger (developer.apple.com/"
+                                            "documentation/metal/mtlargument/bufferdatasize)")},
+  "bufferAlignment@MTLArgument": {"retval": ("Q", None, "MTLArgument " + _CLASS_GETTER + "NSUInteger (developer.apple.com/"
+                                             "documentation/metal/mtlargument/bufferalignment)")},
   "status": {"retval": (
     "Q", "q", "MTLCommandBuffer's status is MTLCommandBufferStatus, NS_ENUM(NSUInteger) (developer.apple.com/documentation/metal/"
     "mtlcommandbufferstatus; metal-cpp: _MTL_ENUM(NS::UInteger, CommandBufferStatus)). PyObjC keeps one record per selector for "
@@ -223,7 +235,7 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
       problems.append(f"runner.m sends {sel!r} untyped: clang resolved it to no declaration"); continue
     for container, kind in sorted(metal):
       owner = "NSObject" if kind == "protocol" else container
-      rec, noted = methods.get((owner, sel)), differs.get(sel, {})
+      rec, noted = methods.get((owner, sel)), differs.get(f"{sel}@{container}", differs.get(sel, {}))
       if rec is None and not noted:
         problems.append(f"runner.m sends {sel!r} to {container} (tests/metal_stub), but PyObjC {PYOBJC_METAL_VERSION}'s metadata "
                         f"for Metal has no record of it (under {owner}). Misspelt? Not Metal API? Newer than PyObjC "
@@ -257,9 +269,10 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
           elif mine != theirs:
             problems.append(f"{where} is {mine!r} in runner.m's declaration (tests/metal_stub) but {theirs!r} in PyObjC "
                             f"{PYOBJC_METAL_VERSION} ({t['type']!r})")
-  for sel, noted in sorted(differs.items()):
-    if sel not in checked:
-      problems.append(f"PYOBJC_DIFFERS lists {sel!r}, which runner.m no longer sends to a Metal protocol or class: remove the entry")
+  for key, noted in sorted(differs.items()):
+    sel, _, container = key.partition("@")
+    if sel not in checked or (container and container not in {c for c, _ in decls.get(sel, ())}):
+      problems.append(f"PYOBJC_DIFFERS lists {key!r}, which runner.m no longer sends to a Metal protocol or class: remove the entry")
     elif bad := [p for p in noted if p != "retval" and not 2 <= p < 2 + sel.count(":")]:
       problems.append(f"PYOBJC_DIFFERS lists positions {bad} for {sel!r}, which has {sel.count(':')} arguments")
   problems += [f"UNDECLARED_SENDS lists {s!r}, which runner.m no longer sends: remove the entry" for s in sorted(set(undeclared) - set(sends))]
@@ -394,9 +407,12 @@ def test_wrong_declaration_is_reported(tmp_path, pyobjc, bool_code, edits, tail,
   ({"commit": {"retval": ("v", None, "x")}}, {}, "'commit' (MTLCommandBuffer) the return type: PYOBJC_DIFFERS says PyObjC records None"),
   ({"status": {"retval": ("Q", "Q", "x")}}, {}, "PYOBJC_DIFFERS says PyObjC records 'Q', but it records 'q'"),
   ({"frobnicate:": {"retval": ("v", None, "x")}}, {}, "PYOBJC_DIFFERS lists 'frobnicate:', which runner.m no longer sends"),
+  ({"index@MTLDevice": {"retval": ("Q", None, "x")}}, {}, "PYOBJC_DIFFERS lists 'index@MTLDevice', which runner.m no longer sends"),
+  ({"index@MTLArgument": {"retval": ("q", None, "x")}}, {}, "'index' (MTLArgument) the return type is 'Q' in runner.m's declaration"),
   ({}, {"frobnicate": "x"}, "UNDECLARED_SENDS lists 'frobnicate', which runner.m no longer sends"),
   ({}, {"commit": "x"}, "UNDECLARED_SENDS lists 'commit', which tests/metal_stub declares"),
-], ids=["recorded-after-all", "pyobjc-changed", "not-sent", "undeclared-not-sent", "undeclared-declared"])
+], ids=["recorded-after-all", "pyobjc-changed", "not-sent", "container-not-sent", "container-type", "undeclared-not-sent",
+        "undeclared-declared"])
 def test_stale_exception_is_reported(sends, decls, pyobjc, bool_code, differs, undeclared, expect):
   problems, _ = check_messages(sends, decls, pyobjc["methods"], bool_code, PYOBJC_DIFFERS | differs, UNDECLARED_SENDS | undeclared)
   assert any(expect in p for p in problems), problems

@@ -329,6 +329,24 @@ def test_a_runner_that_can_compile_offers_source():
   assert caps & P.CAP_METALLIB and caps & P.CAP_METAL_SOURCE, caps
   assert "MTLCompilerService" not in r.log_text(0)
 
+# *** issue 26, item 3: without reflection the runner checks no bindings (it says so); the emulator's validation layer then
+# reports a misaligned offset as Apple's would (with MTL_DEBUG_LAYER=1 it would stop the process)
+
+def test_without_reflection_a_misaligned_offset_reaches_the_validation_layer():
+  r = emulated(METAL_EMU_NO_REFLECTION=1)
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 1, ADD1, 2)
+    tag = c.launch(1, [(1, 0), (2, 2)], wait=True)
+    code, etag, text = c.error()
+    assert (code, etag) == (P.EDEVICE, tag), text
+    assert "Metal API Validation (emulated)" in text and "offset(2), which is not a multiple of its data type's size (4)" in text, text
+    c.close()
+  finally:
+    r.stop()
+  assert "no reflection for a pipeline, so its kernel's bindings and offsets are not checked" in r.log_text(0)
+
 # *** issue 26, item 4: a freed buffer's memory stays counted until the GPU is done with it (protocol.md, Tfree)
 
 MIB = 1 << 20

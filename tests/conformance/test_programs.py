@@ -171,6 +171,32 @@ def test_metal_program_with_more_than_31_arguments_is_eprogram(target, c):
   tag = k.load(c, 1, nbufs=30, nvals=2)
   one_error(c, P.EPROGRAM, tag)
 
+@section("Tload", "Metal programs")
+@pytest.mark.parametrize("nbufs,nvals,entry,says", [(1, 1, 0, "binds 3 buffers, Tload says 2 (1 buffers and 1 values)"),
+                                                    (2, 1, 0, "value 0 (index 2) is 8 bytes in the kernel, Tload says 4")],
+                         ids=["count", "width"])
+def test_tload_metal_bindings_that_differ_from_the_kernels_are_eprogram(target, c, nbufs, nvals, entry, says):
+  if target.backend != "metal": pytest.skip("a CPU image's argument types are unknown to the runner: it takes nbufs and nvals as stated")
+  tag = kernel(target, "add1").load(c, 1, nbufs=nbufs, nvals=nvals, entry=entry)
+  assert says in one_error(c, P.EPROGRAM, tag)
+
+@section("Tlaunch, Rlaunch", "Tgraphrun, Rgraphrun", "Metal programs")
+@cpu_only
+def test_buffer_offset_alignment_is_checked_on_metal_only(target, c):
+  k = kernel(target, "add1")
+  c.alloc(1, 32); c.alloc(2, 32); c.write(2, 0, f32(1, 2, 3, 4, 5, 6, 7, 8))
+  k.load(c, 1)
+  tag = c.launch(1, [(1, 2), (2, 0)], [1])                     # add1 reads and writes floats: offset 2 is not a multiple of 4
+  c.req(P.TGRAPH, P.launch_record(1, [(1, 0), (2, 0)], [1]), graph=1, count=1)
+  gtag = c.req(P.TGRAPHRUN, P.patch(0, P.PATCH_BUF, 1, handle=2, value=6), graph=1, count=1)
+  if target.backend == "metal":
+    errs = c.until_pong()
+    assert [(e, t) for e, t, _ in errs] == [(P.EINVAL, tag), (P.EINVAL, gtag)], errs
+    assert "argument 0: offset 2 is not a multiple of 4" in errs[0][2] and "argument 1: offset 6 is not a multiple of 4" in errs[1][2]
+  else:                                                        # the CPU backend checks no alignment: the kernel runs unaligned
+    ok(c)                                                      # 2.0 at byte 2, then 1.0 (a denormal + 1) at byte 0 over it
+    assert c.read(1, 0, 8) == f32(1) + f32(2)[2:] + bytes(2)
+
 @section("Metal programs")
 def test_metal_values_bound_after_the_buffers_with_the_widths_entry_gives(target, c):
   if target.backend != "metal": pytest.skip("Metal programs are for Metal runners")

@@ -214,6 +214,129 @@ metal_version(MTLLanguageVersion v)
 }
 @end
 
+/* ---- reflection ---- */
+
+/*
+ * What a pipeline built with reflection reports, from the kernel's
+ * parameters as library.c found them (their [[buffer(n)]] index) and the
+ * compiler gave them (pointee or referee size and alignment): a buffer
+ * binding for each `device T *` and `constant T &`, none for the built-in
+ * ids. Only what runner.m reads: the bindings' type (macOS 13), index,
+ * bufferDataSize and bufferAlignment, the bindings and the arguments
+ * (before 13) alike; without MTLPipelineOptionBindingInfo (the same bit as
+ * ArgumentInfo) both are empty.
+ */
+enum { EMU_OPT_BINDING_INFO = 1 << 0 };
+
+@interface EmuBinding : NSObject <MTLBufferBinding> {
+@public
+	NSUInteger index, size, align;
+}
+@end
+
+@implementation EmuBinding
+- (MTLBindingType)type
+{
+	return MTLBindingTypeBuffer;
+}
+- (NSUInteger)index
+{
+	return index;
+}
+- (NSUInteger)bufferDataSize
+{
+	return size;
+}
+- (NSUInteger)bufferAlignment
+{
+	return align;
+}
+@end
+
+@interface EmuArgument : MTLArgument {
+@public
+	NSUInteger index, size, align;
+}
+@end
+
+@implementation MTLArgument
+- (NSUInteger)index
+{
+	return ((EmuArgument *)self)->index;
+}
+- (NSUInteger)bufferDataSize
+{
+	return ((EmuArgument *)self)->size;
+}
+- (NSUInteger)bufferAlignment
+{
+	return ((EmuArgument *)self)->align;
+}
+@end
+
+@implementation EmuArgument
+@end
+
+@interface EmuReflection : MTLComputePipelineReflection {
+@public
+	NSArray *bindings;	/* retained */
+	NSArray *arguments;	/* retained */
+}
+@end
+
+@implementation MTLComputePipelineReflection
+- (NSArray<id <MTLBinding>> *)bindings
+{
+	return ((EmuReflection *)self)->bindings;
+}
+- (NSArray<MTLArgument *> *)arguments
+{
+	return ((EmuReflection *)self)->arguments;
+}
+@end
+
+@implementation EmuReflection
+- (void)dealloc
+{
+	[bindings release];
+	[arguments release];
+	[super dealloc];
+}
+@end
+
+/* An autoreleased reflection of k, as newComputePipelineState... gives it. */
+static MTLComputePipelineReflection *
+emu_reflection(const struct metal_emu_kernel *k, MTLPipelineOption options)
+{
+	EmuReflection *r = (EmuReflection *)[EmuReflection allocPlain];
+	id bind[METAL_EMU_MAX_PARAMS], arg[METAL_EMU_MAX_PARAMS];
+	const struct metal_emu_param *p;
+	EmuBinding *b;
+	EmuArgument *a;
+	NSUInteger n = 0, i;
+	unsigned j;
+
+	for (j = 0; (options & EMU_OPT_BINDING_INFO) && j < k->nparams; j++) {
+		p = &k->params[j];
+		if (p->kind == METAL_EMU_PARAM_BUILTIN)
+			continue;
+		b = (EmuBinding *)[EmuBinding allocPlain];
+		a = (EmuArgument *)[EmuArgument allocPlain];
+		b->index = a->index = (NSUInteger)p->index;
+		b->size = a->size = p->size;
+		b->align = a->align = p->align;
+		bind[n] = b;
+		arg[n++] = a;
+	}
+	r->bindings = emu_array(bind, n);
+	r->arguments = emu_array(arg, n);
+	for (i = 0; i < n; i++) {
+		[bind[i] release];
+		[arg[i] release];
+	}
+	return (MTLComputePipelineReflection *)emu_autorelease(r);
+}
+
 /* ---- buffers ---- */
 
 /*
@@ -440,7 +563,8 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 }
 
 - (nullable id <MTLComputePipelineState>)newComputePipelineStateWithFunction:
-    (id <MTLFunction>)function
+    (id <MTLFunction>)function options:(MTLPipelineOption)options
+    reflection:(MTLAutoreleasedComputePipelineReflection _Nullable * _Nullable)reflection
     error:(__autoreleasing NSError * _Nullable * _Nullable)error
 {
 	EmuFunction *f = (EmuFunction *)function;
@@ -455,6 +579,10 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	p->lib = [f->lib retain];
 	p->k = f->k;
 	p->threaded = emu_lib_threaded(f->lib->lib);
+	/* METAL_EMU_NO_REFLECTION=1: none, as the runner must allow for. */
+	if (reflection != NULL)
+		*reflection = getenv("METAL_EMU_NO_REFLECTION") != NULL ? nil :
+		    emu_reflection(f->k, options);
 	return p;
 }
 

@@ -10,7 +10,8 @@
  * allows 64 uncompleted command buffers (commandBuffer blocks past that).
  *
  * A misuse the validation layer reports (a binding missing or of the wrong
- * size, an offset outside its buffer, a threadgroup too large, a blit
+ * size, an offset outside its buffer or not aligned to its data type, a
+ * threadgroup too large, a blit
  * offset not a multiple of 4 on macOS, encoding into a committed buffer)
  * is kept and fails the command buffer with the layer's message when it
  * runs; the real layer stops the process instead, which would end every
@@ -497,6 +498,18 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 			blen = bufs[p->index]->length;
 			if (offsets[p->index] >= blen)
 				return -1;	/* reported by setBuffer */
+			/* "For buffers binding to an argument using the
+			 * device address space, align the offset to the
+			 * data type's size" (setBuffer:offset:atIndex:). */
+			if (p->kind == METAL_EMU_PARAM_POINTER &&
+			    p->align > 1 && offsets[p->index] % p->align != 0) {
+				[cb invalid:"Compute Function(%s): buffer at "
+				    "index %d is bound at offset(%lu), which is "
+				    "not a multiple of its data type's size "
+				    "(%zu)", k->name, p->index,
+				    (unsigned long)offsets[p->index], p->align];
+				return -1;
+			}
 			if (p->kind == METAL_EMU_PARAM_REFERENCE &&
 			    blen - offsets[p->index] < p->size) {
 				[cb invalid:"Compute Function(%s): argument at "

@@ -71,6 +71,7 @@ struct metal_emu_param {
 	int builtin;		/* metal_emu_builtin, for BUILTIN */
 	int index;		/* argument table index ([[buffer(n)]]), else -1 */
 	size_t size;		/* sizeof the pointee / referee; 0 for void */
+	size_t align;		/* its alignof (reflection's bufferAlignment) */
 };
 
 struct metal_emu_kernel {
@@ -99,19 +100,30 @@ constexpr int param_kind()
 	    METAL_EMU_PARAM_BUILTIN;
 }
 
+/* What a pointer or reference parameter points to (void: a char, so
+ * that its size reads 0 below and its alignment 1). */
+template <typename P>
+using pointee = typename std::remove_cv<typename std::remove_pointer<
+    typename std::remove_reference<P>::type>::type>::type;
+template <typename T>
+using sized = typename std::conditional<std::is_void<T>::value, char,
+    T>::type;
+
 template <typename P>
 constexpr size_t param_size()
 {
-	typedef typename std::remove_cv<typename std::remove_pointer<
-	    typename std::remove_reference<P>::type>::type>::type T;
-	if constexpr (std::is_void<T>::value)
-		return 0;
-	else
-		return sizeof(T);
+	return std::is_void<pointee<P>>::value ? 0 : sizeof(sized<pointee<P>>);
+}
+
+template <typename P>
+constexpr size_t param_align()
+{
+	return alignof(sized<pointee<P>>);
 }
 
 /* A built-in value converted to the parameter's type: uint3, ushort2,
  * uint, ... (vector types are clang ext_vector_types). */
+
 template <typename P>
 static inline P builtin_value(const uint32_t *v)
 {
@@ -159,15 +171,17 @@ struct kernel_traits<void(P...)> {
 		call<K, PS>(args, ids, std::index_sequence_for<P...>{});
 	}
 
-	/* Fill kind and size from the types; builtin and index come from the
+	/* Fill kind, size and alignment from the types; builtin and index come from the
 	 * emulator's reading of the attributes. */
 	static void describe(struct metal_emu_param *ps)
 	{
 		const int kinds[] = { param_kind<P>()..., 0 };
 		const size_t sizes[] = { param_size<P>()..., 0 };
+		const size_t aligns[] = { param_align<P>()..., 0 };
 		for (unsigned i = 0; i < nparams; i++) {
 			ps[i].kind = kinds[i];
 			ps[i].size = sizes[i];
+			ps[i].align = aligns[i];
 		}
 	}
 };

@@ -135,6 +135,83 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
 @property (readonly) NSUInteger maxTotalThreadsPerThreadgroup;
 @end
 
+/* ---- MTLArgument.h (reflection) ---- */
+
+/* typedef NS_ENUM(NSInteger, MTLBindingType): MTLBindingTypeBuffer = 0
+ * (macOS 11; MTLArgument.h)
+ * https://developer.apple.com/documentation/metal/mtlbindingtype */
+typedef NS_ENUM(NSInteger, MTLBindingType) {
+	MTLBindingTypeBuffer = 0
+} API_AVAILABLE(macos(11.0));
+
+/* https://developer.apple.com/documentation/metal/mtlbinding  (macOS 13) */
+@protocol MTLBinding <NSObject>
+/* @property(readonly) MTLBindingType type;
+ * https://developer.apple.com/documentation/metal/mtlbinding/type */
+@property (readonly) MTLBindingType type;
+/* @property(readonly) NSUInteger index;
+ * https://developer.apple.com/documentation/metal/mtlbinding/index */
+@property (readonly) NSUInteger index;
+@end
+
+/* A binding of type MTLBindingTypeBuffer conforms to this.
+ * https://developer.apple.com/documentation/metal/mtlbufferbinding  (macOS 13) */
+@protocol MTLBufferBinding <MTLBinding>
+/* @property(readonly) NSUInteger bufferAlignment;
+ * https://developer.apple.com/documentation/metal/mtlbufferbinding/bufferalignment */
+@property (readonly) NSUInteger bufferAlignment;
+/* @property(readonly) NSUInteger bufferDataSize;
+ * https://developer.apple.com/documentation/metal/mtlbufferbinding/bufferdatasize */
+@property (readonly) NSUInteger bufferDataSize;
+@end
+
+/* Deprecated in macOS 13 for MTLBinding; what systems before 13 give.
+ * https://developer.apple.com/documentation/metal/mtlargument */
+@interface MTLArgument : NSObject
+/* @property(readonly) NSUInteger index;
+ * https://developer.apple.com/documentation/metal/mtlargument/index */
+@property (readonly) NSUInteger index;
+/* @property(readonly) NSUInteger bufferAlignment;
+ * https://developer.apple.com/documentation/metal/mtlargument/bufferalignment */
+@property (readonly) NSUInteger bufferAlignment;
+/* @property(readonly) NSUInteger bufferDataSize;
+ * https://developer.apple.com/documentation/metal/mtlargument/bufferdatasize */
+@property (readonly) NSUInteger bufferDataSize;
+@end
+
+/* ---- MTLComputePipeline.h (reflection) ---- */
+
+/* https://developer.apple.com/documentation/metal/mtlcomputepipelinereflection */
+@interface MTLComputePipelineReflection : NSObject
+/* @property(readonly) NSArray<id<MTLBinding>> *bindings;  (macOS 13)
+ * https://developer.apple.com/documentation/metal/mtlcomputepipelinereflection/bindings */
+@property (readonly) NSArray<id <MTLBinding>> *bindings API_AVAILABLE(macos(13.0));
+/* @property(readonly) NSArray<MTLArgument *> *arguments;
+ * deprecated in macOS 13 ("Use bindings instead"), declared deprecated so
+ * the type check proves runner.m suppresses it only where it must.
+ * https://developer.apple.com/documentation/metal/mtlcomputepipelinereflection/arguments */
+@property (readonly) NSArray<MTLArgument *> *arguments
+    __attribute__((deprecated("Use bindings instead")));
+@end
+
+/* typedef MTLComputePipelineReflection * __autoreleasing
+ *     MTLAutoreleasedComputePipelineReflection;
+ * https://developer.apple.com/documentation/metal/mtlautoreleasedcomputepipelinereflection */
+typedef MTLComputePipelineReflection * __autoreleasing
+    MTLAutoreleasedComputePipelineReflection;
+
+/* typedef NS_OPTIONS(NSUInteger, MTLPipelineOption) (MTLDevice.h):
+ * ArgumentInfo = 1 << 0 (deprecated in macOS 13 for BindingInfo, the same
+ * bit), BindingInfo = 1 << 0, BufferTypeInfo = 1 << 1.
+ * https://developer.apple.com/documentation/metal/mtlpipelineoption
+ * https://developer.apple.com/documentation/metal/mtlpipelineoption/argumentinfo */
+typedef NS_OPTIONS(NSUInteger, MTLPipelineOption) {
+	MTLPipelineOptionArgumentInfo
+	    __attribute__((deprecated("Use MTLPipelineOptionBindingInfo"))) = 1 << 0,
+	MTLPipelineOptionBindingInfo = 1 << 0,
+	MTLPipelineOptionBufferTypeInfo = 1 << 1
+};
+
 /* ---- MTLCommandEncoder.h, MTLComputeCommandEncoder.h, MTLBlitCommandEncoder.h ---- */
 
 @protocol MTLCommandEncoder <NSObject>
@@ -307,10 +384,15 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
     options:(nullable MTLCompileOptions *)options
     error:(__autoreleasing NSError * _Nullable * _Nullable)error;
 /* - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:
- *     (id<MTLFunction>)computeFunction error:(__autoreleasing NSError **)error;
- * https://developer.apple.com/documentation/metal/mtldevice/makecomputepipelinestate(function:) */
+ *     (id<MTLFunction>)computeFunction options:(MTLPipelineOption)options
+ *     reflection:(MTLAutoreleasedComputePipelineReflection * __nullable)reflection
+ *     error:(__autoreleasing NSError **)error;  (macOS 10.11)
+ * "Synchronously creates a compute pipeline state and reflection with a
+ * function instance."
+ * https://developer.apple.com/documentation/metal/mtldevice/makecomputepipelinestate(function:options:reflection:) */
 - (nullable id <MTLComputePipelineState>)newComputePipelineStateWithFunction:
-    (id <MTLFunction>)computeFunction
+    (id <MTLFunction>)computeFunction options:(MTLPipelineOption)options
+    reflection:(MTLAutoreleasedComputePipelineReflection _Nullable * _Nullable)reflection
     error:(__autoreleasing NSError * _Nullable * _Nullable)error;
 @end
 
