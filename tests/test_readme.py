@@ -19,7 +19,9 @@ ON_THE_MAC = ["make -C daemon",
               "./daemon/metal_runner --host 0.0.0.0 --port 6667 --token-file ~/.metal_runner_token"]
 ON_THE_HOST = ["scp mac.local:.metal_runner_token ~/ && chmod 600 ~/.metal_runner_token",
                ".venv/bin/python -m client probe mac.local",   # port 6667 and ~/.metal_runner_token by default
-               ".venv/bin/python -m client run --runner mac.local myscript.py"]
+               ".venv/bin/python -m client run --runner mac.local myscript.py",
+               # tinygrad's server listens on every interface: tests/test_llm.py runs it through tests/llm_app.py, bound to 127.0.0.1
+               LLM_SERVE:=".venv/bin/python -m client run --runner mac.local -m tinygrad.llm --model ./model.gguf --serve 8000"]
 # run by tests/test_pip_install.py, in a fresh venv outside the clone with the venv's bin first on PATH (as activated)
 IN_YOUR_ENV = ["pip install /path/to/metal_runner", "python -m client run myscript.py"]
 CASES = [QUICK_START, TEST_SH, MAC_REPORT, *ON_THE_MAC, *ON_THE_HOST, *IN_YOUR_ENV]   # in the README's order
@@ -53,6 +55,12 @@ def test_mac_report_command_is_the_scripts_own_and_is_run():
   # tests/test_mac_report.py runs the script in ./test.sh (against the Metal emulator); its docstring shows the README's command
   assert MAC_REPORT in (ROOT / "tests" / "mac_report.py").read_text()
   assert 'str(ROOT / "tests" / "mac_report.py")' in (ROOT / "tests" / "test_mac_report.py").read_text()
+
+def test_llm_serve_command_is_what_test_llm_serves():
+  # the README's server is tinygrad's own `-m tinygrad.llm`, which tests/llm_app.py runs with its bind address on loopback
+  assert LLM_SERVE.split("-m tinygrad.llm ")[1].split(" --serve")[0] == "--model ./model.gguf"
+  assert 'runpy.run_module("tinygrad.llm"' in (ROOT / "tests" / "llm_app.py").read_text()
+  assert "def test_serve_answers_the_openai_client" in (ROOT / "tests" / "test_llm.py").read_text()
 
 def test_pip_install_commands_are_run_in_a_fresh_venv():
   assert "IN_YOUR_ENV" in (ROOT / "tests" / "test_pip_install.py").read_text()
@@ -104,7 +112,7 @@ def test_your_program_on_a_macs_gpu(tmp_path):
     port = int(m.group(1))
 
     # on the host: the token copied, the runner probed, the program run on it
-    copy, probe, run = (as_here(c, mac, port) for c in ON_THE_HOST)
+    copy, probe, run = (as_here(c, mac, port) for c in ON_THE_HOST if c != LLM_SERVE)
     r = sh(copy, host, work)
     assert r.returncode == 0, r.stderr
     assert (host / ".metal_runner_token").read_bytes() == secret.read_bytes()
