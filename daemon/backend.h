@@ -39,8 +39,10 @@ struct be_info {
 	uint64_t maxbuf;	/* largest single buffer */
 	char name[64];		/* device name */
 	char arch[16];		/* "x86_64", "arm64", or the GPU family "Apple9" */
-	char cpu[32];		/* CPU backends: the -march/-mcpu to compile for */
-	char features[128];	/* CPU backends: extra target features, "+a,-b" */
+	char cpu[32];		/* CPU backends: the -march/-mcpu to compile for;
+				 * Metal: the macOS version, "14.5.0" */
+	char features[128];	/* CPU backends: extra target features, "+a,-b";
+				 * Metal: the newest language version, "3.1" */
 };
 
 struct be_session;	/* per-session backend state (command queue, threads) */

@@ -130,6 +130,9 @@ struct be_session {
 };
 
 static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
+/* The runner's macOS, major, minor, patch (mtl_os_read); read-only after
+ * open. */
+static int mtl_os[3];
 static pthread_mutex_t mtl_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
 static uint64_t mtl_clock;		/* under mtl_lock */
@@ -299,6 +302,85 @@ mtl_cache_trim(void)
 	}
 }
 
+/* ---- the macOS version ---- */
+
+/* MTLLanguageVersion's values: (major << 16) + minor (MTLLibrary.h),
+ * spelled as numbers, as SDKs lack the names of versions newer than
+ * themselves and each name is available only from its macOS. */
+#define MTL_LANG(major, minor) ((MTLLanguageVersion)((major) << 16 | (minor)))
+
+/*
+ * This Mac's macOS version into mtl_os. macOS 26 tells a program built
+ * with an SDK older than its own that it is 16 (as Big Sur said 10.16):
+ * that is 26 here, the version Metal's compiler has. Rhello reports it
+ * (protocol.md: Metal runners' cpu), so that a client sends a metallib
+ * only to a runner whose macOS is at least its own.
+ */
+static void
+mtl_os_read(void)
+{
+	NSOperatingSystemVersion v;
+
+	/* What macOS this is (macOS 10.10). */
+	v = [[NSProcessInfo processInfo] operatingSystemVersion];
+	mtl_os[0] = (int)v.majorVersion;
+	mtl_os[1] = (int)v.minorVersion;
+	mtl_os[2] = (int)v.patchVersion;
+	if (mtl_os[0] == 16)
+		mtl_os[0] = 26;
+	else if (mtl_os[0] == 10 && mtl_os[1] == 16) {
+		mtl_os[0] = 11;
+		mtl_os[1] = 0;
+	}
+}
+
+/*
+ * The language version source is compiled at: the one tinygrad's
+ * MetalCompiler pins for this macOS (ops_metal.py: metal4.0 from 26, 3.1
+ * from 14, 3.0 on 13, else 2.0), not the newest the system has, so that a
+ * kernel means here what it means to tinygrad on the same Mac. Taken from
+ * mtl_os, not @available, so that it is the version Rhello reports (and
+ * the Metal emulator's METAL_EMU_MACOS can stand for an older Mac).
+ */
+static MTLLanguageVersion
+mtl_language(void)
+{
+	if (mtl_os[0] >= 26)
+		return MTL_LANG(4, 0);
+	if (mtl_os[0] >= 14)
+		return MTL_LANG(3, 1);
+	if (mtl_os[0] == 13)
+		return MTL_LANG(3, 0);
+	return MTL_LANG(2, 0);
+}
+
+/*
+ * Rhello.features of a Metal runner: the newest language version this
+ * macOS compiles, which a metallib may use ("MAJOR.MINOR"). Apple's
+ * MTLLanguageVersion table: 4.0 macOS 26, 3.2 15, 3.1 14, 3.0 13, 2.4 12,
+ * 2.3 11, 2.2 10.15.
+ * https://developer.apple.com/documentation/metal/mtllanguageversion
+ */
+static void
+mtl_newest(char *out, size_t len)
+{
+	static const struct {
+		int macos;
+		unsigned major, minor;
+	} tab[] = {
+		{ 26, 4, 0 }, { 15, 3, 2 }, { 14, 3, 1 }, { 13, 3, 0 },
+		{ 12, 2, 4 }, { 11, 2, 3 },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(tab) / sizeof(tab[0]); i++)
+		if (mtl_os[0] >= tab[i].macos) {
+			snprintf(out, len, "%u.%u", tab[i].major, tab[i].minor);
+			return;
+		}
+	snprintf(out, len, "2.2");
+}
+
 /*
  * Compile d into a pipeline the caller owns, or nil with err set; for a
  * compile error *longerr gets the compiler's whole text, which does not
@@ -352,22 +434,12 @@ mtl_compile(const struct be_program_desc *d, char *err, char **longerr)
 			goto fail;
 		}
 		/*
-		 * The language version tinygrad's MetalCompiler pins
-		 * (ops_metal.py: metal4.0 from macOS 26, 3.1 from 14, 3.0 on
-		 * 13, else 2.0), not the newest the system has, so a kernel
-		 * means here what it means to tinygrad on the same Mac. 4.0 is
-		 * spelled (4 << 16), as SDKs before 26 lack its name. It comes
-		 * first: mathMode's default "depends on the language standard
-		 * version" (MTLLibrary.h), so the math settings follow it.
+		 * The language version tinygrad pins for this macOS
+		 * (mtl_language). It comes first: mathMode's default "depends
+		 * on the language standard version" (MTLLibrary.h), so the
+		 * math settings follow it.
 		 */
-		if (@available(macOS 26.0, *))
-			opt.languageVersion = (MTLLanguageVersion)(4 << 16);
-		else if (@available(macOS 14.0, *))
-			opt.languageVersion = MTLLanguageVersion3_1;
-		else if (@available(macOS 13.0, *))
-			opt.languageVersion = MTLLanguageVersion3_0;
-		else
-			opt.languageVersion = MTLLanguageVersion2_0;
+		opt.languageVersion = mtl_language();
 		/*
 		 * IEEE-safe math, as tinygrad compiles (-fno-fast-math) unless
 		 * METAL_FAST_MATH is set; Metal's own default is fast math.
@@ -600,6 +672,11 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	snprintf(info->name, sizeof(info->name), "%s",
 	    name != NULL ? name : "Metal device");
 	snprintf(info->arch, sizeof(info->arch), "%s", mtl_family(mtl_dev));
+	/* Rhello: the macOS and the newest language version it compiles. */
+	mtl_os_read();
+	snprintf(info->cpu, sizeof(info->cpu), "%d.%d.%d", mtl_os[0],
+	    mtl_os[1], mtl_os[2]);
+	mtl_newest(info->features, sizeof(info->features));
 	/* Check that source compiles here; offer it only if it does. */
 	if (mtl_probe(&why) == -1) {
 		info->caps &= (uint16_t)~PROTO_CAP_METAL_SOURCE;

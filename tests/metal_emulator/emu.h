@@ -44,6 +44,9 @@ NSString *emu_string(const char *fmt, ...)
 NSError *emu_error(long code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));	/* autoreleased */
 id emu_autorelease(id obj);
+void emu_dispatch_bytes(dispatch_data_t data, const uint8_t **p, size_t *n);
+/* METAL_EMU_MACOS: the macOS version NSProcessInfo reports. */
+void emu_macos(int v[3]);
 
 @interface NSObject (Emu)
 + (instancetype)allocPlain;	/* NSObject's own alloc, for class clusters */
