@@ -107,6 +107,9 @@ struct be_buffer {
 	uint64_t size;			/* its length */
 	uint64_t useq;			/* the session's last command buffer
 					 * that uses it (its seq), 0: none */
+	int gpuw;			/* managed storage: the GPU may have
+					 * written it since the CPU's copy was
+					 * last synchronized (mtl_host_read) */
 };
 
 struct be_session {
@@ -133,6 +136,10 @@ static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
 /* The runner's macOS, major, minor, patch (mtl_os_read); read-only after
  * open. */
 static int mtl_os[3];
+/* No unified memory (an Intel Mac's discrete GPU): buffers are Managed,
+ * a CPU and a GPU copy (mtl_host_read, mtl_host_wrote). Read-only after
+ * open. */
+static int mtl_managed;
 static pthread_mutex_t mtl_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
 static uint64_t mtl_clock;		/* under mtl_lock */
@@ -663,7 +670,9 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	memset(info, 0, sizeof(*info));
 	info->backend = PROTO_BACKEND_METAL;
 	info->caps = PROTO_CAP_METALLIB | PROTO_CAP_METAL_SOURCE;
-	if ([mtl_dev hasUnifiedMemory])
+	/* Without unified memory buffers are Managed (mtl_alloc_body). */
+	mtl_managed = ![mtl_dev hasUnifiedMemory];
+	if (!mtl_managed)
 		info->caps |= PROTO_CAP_UNIFIED;
 	info->ncores = 1;
 	info->memory = [mtl_dev recommendedMaxWorkingSetSize];
@@ -939,9 +948,11 @@ mtl_alloc_body(uint64_t size, char *err)
 		mtl_seterr(err, "out of memory");
 		return NULL;
 	}
-	/* Allocate memory CPU and GPU share (zero-filled by Metal). */
+	/* Allocate memory CPU and GPU share (zero-filled by Metal), or
+	 * without unified memory a CPU and a GPU copy of it (Managed). */
 	b->buf = [mtl_dev newBufferWithLength:(NSUInteger)size
-	    options:MTLResourceStorageModeShared];
+	    options:mtl_managed ? MTLResourceStorageModeManaged :
+	    MTLResourceStorageModeShared];
 	if (b->buf == nil) {
 		mtl_seterr(err, "Metal could not allocate %llu bytes",
 		    (unsigned long long)size);
@@ -998,11 +1009,79 @@ mtl_free(struct be_session *s, struct be_buffer *b)
  * sync before it touches contents, so no GPU work on it is outstanding
  * (storageModeShared: "Ensure that all changes you schedule on either the
  * CPU or GPU ... complete before accessing that resource on the other").
+ * Managed: the pointer is the CPU's copy, which mtl_host_read and
+ * mtl_host_wrote keep in step with the GPU's.
  */
 static void *
 mtl_contents(struct be_buffer *b)
 {
 	return b->ptr;
+}
+
+/*
+ * backend.h, host_read: managed storage only. The GPU's writes reach the
+ * CPU's copy only through a blit synchronizeResource: ("synchronizes the
+ * CPU's copy of a managed resource ... with its GPU copy"), run after the
+ * work that wrote it and waited for. A buffer no GPU work has written
+ * since is current already.
+ */
+static int
+mtl_host_read_body(struct be_session *s, struct be_buffer *b, char *err)
+{
+	id <MTLCommandBuffer> cb;
+	id <MTLBlitCommandEncoder> blit;
+
+	if (!mtl_managed || !b->gpuw)
+		return 0;
+	if ((cb = mtl_cmdbuf(s, err)) == nil)
+		return -1;
+	/* Start a blit pass, after the session's earlier work. */
+	blit = [cb blitCommandEncoder];
+	if (blit == nil) {
+		fprintf(stderr, "%s: blitCommandEncoder returned nil\n",
+		    __func__);
+		mtl_seterr(err, "Metal could not create a blit encoder");
+		return -1;
+	}
+	/* Copy the GPU's version of the buffer into the CPU's. */
+	[blit synchronizeResource:b->buf];
+	b->useq = s->seq;
+	/* End the blit pass. */
+	[blit endEncoding];
+	/* Submit, and wait for it and all before it. */
+	mtl_drain(s);
+	if (s->err[0] != '\0') {
+		memcpy(err, s->err, BE_ERR_MAX);
+		s->err[0] = '\0';
+		return -1;
+	}
+	b->gpuw = 0;
+	return 0;
+}
+
+static int
+mtl_host_read(struct be_session *s, struct be_buffer *b, char *err)
+{
+	int r;
+
+	@autoreleasepool {
+		r = mtl_host_read_body(s, b, err);
+	}
+	return r;
+}
+
+/* backend.h, host_wrote: managed storage only; tell the GPU which bytes
+ * of the CPU's copy changed, which Metal then copies to the GPU's. */
+static void
+mtl_host_wrote(struct be_buffer *b, uint64_t off, uint64_t count)
+{
+	if (!mtl_managed || count == 0)
+		return;
+	@autoreleasepool {
+		/* Mark the CPU's changes for the GPU. */
+		[b->buf didModifyRange:NSMakeRange((NSUInteger)off,
+		    (NSUInteger)count)];
+	}
 }
 
 static int
@@ -1023,15 +1102,20 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 		/*
 		 * A blit between overlapping ranges of one buffer is undefined,
 		 * and on macOS blit offsets and size must be multiples of 4.
-		 * Storage is shared: wait for the GPU, then memmove on the CPU.
+		 * Wait for the GPU, then memmove on the CPU (managed storage:
+		 * from the source's CPU copy, brought up to date first, and
+		 * the range written marked for the GPU after).
 		 */
 		mtl_drain(s);
+		if (mtl_host_read_body(s, src, err) == -1)
+			return -1;
 		if (span != NULL)
 			span->start = mtl_now_ns();
 		memmove((uint8_t *)dst->ptr + dstoff,
 		    (const uint8_t *)src->ptr + srcoff, (size_t)count);
 		if (span != NULL)
 			span->end = mtl_now_ns();
+		mtl_host_wrote(dst, dstoff, count);
 		return 0;
 	}
 	/* Profiling: the copy gets a command buffer of its own. */
@@ -1052,6 +1136,7 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	    toBuffer:dst->buf destinationOffset:(NSUInteger)dstoff
 	    size:(NSUInteger)count];
 	src->useq = dst->useq = s->seq;
+	dst->gpuw = 1;
 	/* End the blit pass. */
 	[blit endEncoding];
 	if (span != NULL) {
@@ -1285,8 +1370,11 @@ mtl_used(struct be_session *s, const struct be_launch *l)
 {
 	uint16_t i;
 
-	for (i = 0; i < l->nbufs; i++)
+	for (i = 0; i < l->nbufs; i++) {
 		l->bufs[i]->useq = s->seq;
+		/* Which a kernel writes is not known: any may be. */
+		l->bufs[i]->gpuw = 1;
+	}
 }
 
 /* Start a compute pass in cb. */
@@ -1470,6 +1558,8 @@ const struct backend be_metal = {
 	.alloc = mtl_alloc,
 	.free = mtl_free,
 	.contents = mtl_contents,
+	.host_read = mtl_host_read,
+	.host_wrote = mtl_host_wrote,
 	.copy = mtl_copy,
 	.load = mtl_load,
 	.unload = mtl_unload,

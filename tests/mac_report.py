@@ -18,8 +18,8 @@ On macOS, in order:
      bit for bit and gives the largest difference in ULP where they differ;
   5. stops that runner, starts a second one without MTL_DEBUG_LAYER (the validation layer costs time), and times both sides with the
      same code (FIGURES), in two more processes, one after the other;
-  6. writes the report: the Mac, macOS, the GPU family, macOS and newest Metal language version the runner reports, whether the client
-     sent it metallibs or source, what passed, what failed with its output, the figures.
+  6. writes the report: the Mac, macOS, the GPU family, macOS and newest Metal language version the runner reports, whether its GPU has
+     unified memory, whether the client sent it metallibs or source, what passed, what failed with its output, the figures.
 It takes a few minutes on Linux against the emulator at full size (--quick: under a minute); how long on a Mac is not known.
 
 On Linux the same steps run against daemon/metal_runner_emu (make -C daemon emu: the daemon on the Metal emulator, a test harness that
@@ -637,7 +637,7 @@ class Report:
     self.add("## Machine", "", "| | | where it came from |", "|---|---|---|")
     for what, value, src in self.facts: self.add(f"| {what} | {cell(value)} | {src} |")
     if self.hello:
-      from client.protocol import CAP_METAL_SOURCE
+      from client.protocol import CAP_METAL_SOURCE, CAP_UNIFIED
       h = self.hello
       self.add(f"| GPU family | {h['arch']} | the runner's Rhello arch: the newest Apple GPU family the device supports (Apple10 ... Apple1), "
                "else Mac2 (`daemon/runner.m`) |",
@@ -648,7 +648,10 @@ class Report:
                                      "the runner log below says why") +
                " | the runner compiles a one-line kernel when it opens the GPU (issue 26, item 2; docs/service.md) |",
                f"| runner macOS | {h['macos'] or '(not reported)'}, newest Metal language {h['language'] or '(not reported)'} | the runner's "
-               "Rhello cpu and features (`NSProcessInfo` operatingSystemVersion; Apple's language version table) |")
+               "Rhello cpu and features (`NSProcessInfo` operatingSystemVersion; Apple's language version table) |",
+               "| unified memory | " + ("yes: buffers are Shared (CAP_UNIFIED)" if h["caps"] & CAP_UNIFIED else
+                                       "**no**: buffers are Managed, synchronized by the runner (no CAP_UNIFIED)") +
+               " | the runner's Rhello caps: Metal's `hasUnifiedMemory` (issue 26, item 5) |")
       if (r:=(self.work or {}).get("runner", {}).get("runner")) is not None:
         self.add(f"| programs sent | {r['sends']}, by a client on macOS {r['host_macos'] or '(none: not a Mac)'} | the runner process's "
                  "choice (`client/remote_metal.py` metal_kind): metallibs only to a runner whose macOS is at least the client's; "

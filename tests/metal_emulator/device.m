@@ -255,13 +255,44 @@ static uint64_t emu_memory_used;	/* under device_lock */
 
 static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/*
+ * METAL_EMU_UNIFIED=0: a GPU without unified memory (an Intel Mac's AMD
+ * GPU): hasUnifiedMemory NO, and a Managed buffer has two copies, as on
+ * such a Mac: the CPU's (contents) and the GPU's (what kernels and blits
+ * use). Only didModifyRange: (CPU to GPU, at the call) and a blit's
+ * synchronizeResource: (GPU to CPU, when the GPU runs it) copy between
+ * them, so a runner that leaves either out reads or computes stale bytes.
+ */
+static int
+unified(void)
+{
+	const char *u = getenv("METAL_EMU_UNIFIED");
+
+	return u == NULL || strcmp(u, "0") != 0;
+}
+
 @implementation EmuBuffer
 - (void *)contents
 {
-	return bytes;
+	return cpu != NULL ? cpu : bytes;
+}
+/* "Informs the GPU that the CPU has modified a section of the buffer";
+ * managed storage only. */
+- (void)didModifyRange:(NSRange)range
+{
+	if (cpu == NULL)
+		return;		/* one copy: nothing to move */
+	if (range.location > length || range.length > length - range.location) {
+		emu_log("didModifyRange: {%lu, %lu} is outside a buffer of %lu "
+		    "bytes", (unsigned long)range.location,
+		    (unsigned long)range.length, (unsigned long)length);
+		abort();	/* Metal asserts */
+	}
+	memcpy(bytes + range.location, cpu + range.location, range.length);
 }
 - (void)dealloc
 {
+	free(cpu);
 	munmap(map, maplen);
 	pthread_mutex_lock(&device_lock);
 	emu_memory_used -= length;
@@ -300,10 +331,10 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		emu_memory = emu_size(f);
 	emu_exec_init();
 	emu_macos(v);
-	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s) "
+	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s%s) "
 	    "on an emulated macOS %d.%d.%d, running kernels on the CPU; not a "
 	    "GPU, not Apple's compiler", family, lowpower ? ", low power" : "",
-	    v[0], v[1], v[2]);
+	    unified() ? "" : ", no unified memory", v[0], v[1], v[2]);
 	return self;
 }
 
@@ -322,7 +353,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 - (BOOL)hasUnifiedMemory
 {
-	return YES;
+	return unified();
 }
 
 - (uint64_t)recommendedMaxWorkingSetSize
@@ -356,9 +387,10 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	EmuBuffer *b;
 	uint8_t *m;
 
-	if (options != MTLResourceStorageModeShared)
-		emu_log("newBufferWithLength: options %lu: only shared storage "
-		    "is emulated", (unsigned long)options);
+	if (options != MTLResourceStorageModeShared &&
+	    options != MTLResourceStorageModeManaged)
+		emu_log("newBufferWithLength: options %lu: only shared and "
+		    "managed storage are emulated", (unsigned long)options);
 	if (length == 0 || length > EMU_MAX_BUFFER)
 		return nil;
 	/* METAL_EMU_MEMORY: the device's memory, taken until dealloc. */
@@ -389,6 +421,21 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		return nil;
 	}
 	b = (EmuBuffer *)[EmuBuffer alloc];
+	/* Managed without unified memory: the CPU's copy, zero-filled. */
+	if (options == MTLResourceStorageModeManaged && !unified() &&
+	    (b->cpu = calloc(1, length)) == NULL) {
+		munmap(m, data + 2 * page);
+		b->map = NULL;
+		b->length = length;	/* dealloc returns it */
+		[b release];
+		return nil;
+	}
+	if (getenv("METAL_EMU_TRACE") != NULL &&
+	    strcmp(getenv("METAL_EMU_TRACE"), "1") == 0)
+		emu_log("newBufferWithLength: %lu bytes, storage %s%s",
+		    (unsigned long)length, options ==
+		    MTLResourceStorageModeManaged ? "managed" : "shared",
+		    b->cpu != NULL ? " (a CPU and a GPU copy)" : "");
 	b->map = m;
 	b->maplen = data + 2 * page;
 	b->bytes = m + page + data - ((length + 15) & ~(size_t)15);

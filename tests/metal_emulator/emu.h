@@ -61,7 +61,9 @@ void emu_macos(int v[3]);
 @public
 	void *map;		/* the whole mapping, guard pages included */
 	size_t maplen;
-	uint8_t *bytes;		/* contents: ends at the trailing guard page */
+	uint8_t *bytes;		/* the GPU's: ends at the trailing guard page */
+	uint8_t *cpu;		/* Managed, METAL_EMU_UNIFIED=0: the CPU's copy
+				 * (contents), else NULL: contents is bytes */
 	NSUInteger length;
 }
 @end

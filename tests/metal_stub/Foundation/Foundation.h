@@ -49,6 +49,21 @@ enum {
 	NSUTF8StringEncoding = 4
 };
 
+/* typedef struct _NSRange { NSUInteger location; NSUInteger length; } NSRange;
+ * NSMakeRange is NS_INLINE (static inline) in NSRange.h.
+ * https://developer.apple.com/documentation/foundation/nsrange
+ * https://developer.apple.com/documentation/foundation/nsmakerange(_:_:) */
+typedef struct _NSRange {
+	NSUInteger location;
+	NSUInteger length;
+} NSRange;
+static inline NSRange
+NSMakeRange(NSUInteger loc, NSUInteger len)
+{
+	NSRange r = { loc, len };
+	return r;
+}
+
 /* typedef struct { NSInteger majorVersion; NSInteger minorVersion;
  * NSInteger patchVersion; } NSOperatingSystemVersion;
  * https://developer.apple.com/documentation/foundation/operatingsystemversion */
