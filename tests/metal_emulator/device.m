@@ -237,6 +237,29 @@ metal_version(MTLLanguageVersion v)
 }
 @end
 
+/* A library of len bytes of source compiled at version (__METAL_VERSION__),
+ * or nil with *error set, as newLibraryWithSource: and newLibraryWithData:
+ * return it (retained). */
+static id <MTLLibrary>
+emu_library(const char *src, size_t len, unsigned version, int mathmode,
+    NSError **error)
+{
+	struct emu_lib *l;
+	EmuLibrary *lib;
+	char *err = NULL;
+
+	if ((l = emu_lib_compile(src, len, version, mathmode, &err)) == NULL) {
+		/* MTLLibraryErrorCompileFailure = 3 */
+		if (error != NULL)
+			*error = emu_error(3, "%s", err);
+		free(err);
+		return nil;
+	}
+	lib = (EmuLibrary *)[EmuLibrary alloc];
+	lib->lib = l;
+	return lib;
+}
+
 /* ---- buffers ---- */
 
 /*
@@ -458,9 +481,6 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	size_t n;
 	uint32_t lv;
 	unsigned version, newest = newest_language();
-	struct emu_lib *l;
-	EmuLibrary *lib;
-	char *err = NULL;
 
 	emu_dispatch_bytes(data, &p, &n);
 	if (n < 12 || memcmp(p, "MTLBEMU1", 8) != 0) {
@@ -485,16 +505,8 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	    strcmp(getenv("METAL_EMU_TRACE"), "1") == 0)
 		emu_log("newLibraryWithData: a metallib of language version "
 		    "%u.%u", (unsigned)(lv >> 16), (unsigned)(lv & 0xffff));
-	if ((l = emu_lib_compile((const char *)p + 12, n - 12, version,
-	    EMU_MATH_SAFE, &err)) == NULL) {
-		if (error != NULL)
-			*error = emu_error(3, "%s", err);
-		free(err);
-		return nil;
-	}
-	lib = (EmuLibrary *)[EmuLibrary alloc];
-	lib->lib = l;
-	return lib;
+	return emu_library((const char *)p + 12, n - 12, version, EMU_MATH_SAFE,
+	    error);
 }
 
 - (nullable id <MTLLibrary>)newLibraryWithSource:(NSString *)source
@@ -504,9 +516,6 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	MTLLanguageVersion lv = options != nil ? [options languageVersion] : 0;
 	unsigned version = metal_version(lv);
 	const char *src = [source UTF8String];
-	struct emu_lib *l;
-	EmuLibrary *lib;
-	char *err = NULL;
 
 	/*
 	 * METAL_EMU_NO_COMPILER=1: Apple's compiler service (MTLCompilerService,
@@ -554,19 +563,9 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		    "none" : ((EmuCompileOptions *)options)->setters);
 	/* Relaxed is fast math that honours infinities and NaNs. The FP32
 	 * functions are the C library's either way (README.md). */
-	l = emu_lib_compile(src, strlen(src), version, options == nil ?
+	return emu_library(src, strlen(src), version, options == nil ?
 	    EMU_MATH_FAST : (int)((EmuCompileOptions *)options)->mathmode,
-	    &err);
-	if (l == NULL) {
-		/* MTLLibraryErrorCompileFailure = 3 */
-		if (error != NULL)
-			*error = emu_error(3, "%s", err);
-		free(err);
-		return nil;
-	}
-	lib = (EmuLibrary *)[EmuLibrary alloc];
-	lib->lib = l;
-	return lib;
+	    error);
 }
 
 - (nullable id <MTLComputePipelineState>)newComputePipelineStateWithFunction:
