@@ -130,3 +130,23 @@ def test_a_client_on_a_newer_macos_sends_source_to_an_older_runner_and_metallibs
     assert "languageVersion=3.0" in old_log, old_log
   finally:
     new.stop(); old.stop()
+
+# *** python -m client probe shows them
+
+@pytest.mark.metal
+def test_probe_shows_the_runners_macos_and_language_version():
+  import json, os, subprocess, sys
+  from conftest import ROOT
+  r = emulated(METAL_EMU_MACOS="14.5")
+  try:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": ""}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "client", "probe", "--pings", "0", "--size", "4K", *a, r.addr],
+                                    capture_output=True, text=True, timeout=60, env=env)
+    p, j = run(), run("--json")
+    assert p.returncode == 0 and j.returncode == 0, p.stderr + j.stderr
+    rows = {ln.split(None, 1)[0]: ln.split(None, 1)[1].strip() for ln in p.stdout.splitlines() if ln.strip() and " " in ln.strip()}
+    assert (rows["macos"], rows["metal"]) == ("14.5.0", "3.1"), p.stdout
+    d = json.loads(j.stdout)
+    assert (d["macos"], d["metal_language"], d["gpu_family"]) == ("14.5.0", "3.1", "Apple7"), d
+  finally:
+    r.stop()
