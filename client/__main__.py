@@ -58,14 +58,14 @@ def describe(r:Runner, connect_s:float) -> dict:
        "caps": [n for b, n in CAP_BITS.items() if i.caps & b], "caps_bits": i.caps, "authenticated": bool(i.caps & P.CAP_AUTH),
        "limits": {"memory": i.memory, "maxbuf": i.maxbuf, "maxhandles": i.maxhandles, "ncores": i.ncores}, "session": i.session,
        "connect_ms": connect_s * 1e3}
-  if i.backend == "metal": d["gpu_family"] = i.arch
+  if i.backend == "metal": d.update(gpu_family=i.arch, macos=i.cpu, metal_language=i.features)   # "" from an older runner
   else: d.update(cpu=i.cpu, features=[f for f in i.features.split(",") if f])
   return d
 
 def show(d:dict):
   rows = [("runner", d["addr"]), ("protocol", f"version {d['protocol_version']}, frames up to {fmt_bytes(d['maxmsg'])}"),
           ("backend", d["backend"]), ("device", d["device"])]
-  if d["backend"] == "metal": rows.append(("gpu family", d["gpu_family"]))
+  if d["backend"] == "metal": rows += [("gpu family", d["gpu_family"]), ("macos", d["macos"] or "-"), ("metal", d["metal_language"] or "-")]
   else: rows += [("arch", d["arch"]), ("cpu", d["cpu"] or "-"), ("features", ",".join(d["features"]) or "-")]
   lim = d["limits"]
   rows += [("caps", " ".join(d["caps"]) or "-"), ("auth", "token accepted" if d["authenticated"] else "none required"),

@@ -85,8 +85,8 @@ class RunnerInfo:
   session: int      # session number, as the runner logs it
   name: str         # device name
   arch: str         # "x86_64", "arm64" or the GPU family
-  cpu: str          # CPU backends: the -march/-mcpu to compile for
-  features: str     # CPU backends: extra target features "+a,-b"
+  cpu: str          # CPU backends: the -march/-mcpu to compile for; Metal: the runner's macOS "14.5.0" ("": not known)
+  features: str     # CPU backends: extra target features "+a,-b"; Metal: the newest Metal language version it has, "3.1"
   maxmsg: int       # the largest frame either side sends on this connection
   unified: bool     # device memory is host memory
 

@@ -7,7 +7,7 @@
 # A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback), as
 # does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
-import atexit, contextlib, hashlib, os, re, select, signal, socket, subprocess, sys, threading, types
+import atexit, contextlib, hashlib, os, platform, re, select, signal, socket, subprocess, sys, threading, types
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
@@ -124,12 +124,36 @@ def stop_runners_on_signals():
 # *** Metal: rendered here; compiled here only where Apple's compiler is (macOS)
 
 CAP_NAMES = {CAP_CPU_IMAGE: "CPU images", CAP_METALLIB: "metallibs", CAP_METAL_SOURCE: "Metal source"}
+
+class MetalSourceCompiler(Compiler):
+  """The "binary" is the Metal source, which the runner compiles at its own language version (PROG_METAL_SOURCE): no Metal compiler on
+  this host, or a runner whose macOS is older than this host's, or not known (metal_kind)."""
+  def __init__(self): super().__init__(None)
+
 if not (METAL_SOURCE:=sys.platform != "darwin" or bool(getenv("METAL_RUNNER_SOURCE"))):
   from tinygrad.runtime.ops_metal import MetalCompiler   # the real module, before the device shim below takes its name
-else:
-  class MetalCompiler(Compiler):  # type: ignore[no-redef]
-    """No Metal compiler on this host: the "binary" is the Metal source, which the runner compiles (PROG_METAL_SOURCE)."""
-    def __init__(self): super().__init__(None)
+else: MetalCompiler = MetalSourceCompiler  # type: ignore[misc]
+
+def macos_version(s:str) -> tuple[int, int, int]|None:
+  """'14.5' or '14.5.1' as (14, 5, 1), else None. macOS 26 says 16 to programs built with an older SDK (as Big Sur said 10.16): 26."""
+  if not re.fullmatch(r"\d+(\.\d+){0,2}", s): return None
+  major, minor, patch = [int(x) for x in s.split(".")] + [0] * (2 - s.count("."))
+  if major == 16: major = 26
+  if (major, minor) == (10, 16): major, minor = 11, 0
+  return (major, minor, patch)
+
+def host_macos() -> tuple[int, int, int]|None:
+  """This host's macOS version when it compiles metallibs (tinygrad's MetalCompiler picks their language version from it), else None."""
+  return None if METAL_SOURCE else macos_version(platform.mac_ver()[0])
+
+def metal_kind(host:tuple[int, int, int]|None, runner:tuple[int, int, int]|None, caps:int) -> int|None:
+  """What this host sends a Metal runner. A metallib (compiled here) only when this host compiles them (host: its macOS version) and the
+  runner's macOS (Rhello.cpu) is known to be at least as new: tinygrad compiles at the language version of this host's macOS, which an
+  older macOS refuses ("This library is using language version 4.0 which is not supported on this OS"). Otherwise Metal source, which the
+  runner compiles at its own version; a runner that takes only one kind gets that one. None: the runner takes neither that this host has."""
+  lib, src = caps & CAP_METALLIB, caps & CAP_METAL_SOURCE
+  if host is not None and lib and (not src or (runner is not None and runner >= host)): return PROG_METALLIB
+  return PROG_METAL_SOURCE if src else None
 
 class MetalRenderer(cstyle.MetalRenderer):
   """tinygrad's MetalRenderer. Defined here so a pickled renderer (parallel compile and BEAM workers) imports this module, and with it the
@@ -244,12 +268,18 @@ class RemoteDevice(Compiled):
     self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]
     self.pending: list[tuple[str, int]] = []     # Tunload/Tfree/Tgraphfree requests not sent yet (see later())
     # the renderer follows the runner: a mismatch is an error now, not a kernel the runner rejects later
-    info, cap = self.runner.info, (CAP_METAL_SOURCE if METAL_SOURCE else CAP_METALLIB) if self.is_metal else CAP_CPU_IMAGE
-    if info.backend != want or not info.caps & cap:
+    info = self.runner.info
+    # Metal: a metallib or source, per runner (metal_kind); its compiler is set in _select_renderer
+    self.kind = metal_kind(host:=host_macos(), macos_version(info.cpu), info.caps) if self.is_metal else PROG_CPU_IMAGE
+    if info.backend != want or self.kind is None or not self.is_metal and not info.caps & CAP_CPU_IMAGE:
       self.finalize()
       hint = f" (use {'REMOTE' if info.backend == 'cpu' else 'METAL'} for it)" if info.backend != want else ""
-      raise RunnerUnavailable(f"{device} needs a runner with the {want} backend that accepts {CAP_NAMES[cap]}; {self.runner.addr} has the "
+      what = CAP_NAMES[CAP_CPU_IMAGE] if not self.is_metal else "Metal source" if host is None else "metallibs or Metal source"
+      raise RunnerUnavailable(f"{device} needs a runner with the {want} backend that accepts {what}; {self.runner.addr} has the "
                               f"{info.backend} backend{hint}")
+    if self.is_metal and host is not None and self.kind == PROG_METAL_SOURCE and DEBUG >= 1:
+      print(f"{device}: Metal source to {self.runner.addr}, which compiles it: its macOS ({info.cpu or 'not reported'}) is older than this "
+            f"host's ({'.'.join(map(str, host))}) or not known, and would refuse this host's metallibs", file=sys.stderr)
     # PROFILE: the runner records every kernel and copy (client/profile.py); a runner without CAP_PROFILE is profiled on the host only
     if PROFILE and info.caps & CAP_PROFILE: self.profiler = RunnerProfiler(device, self.runner)
     elif PROFILE: print(f"{device}: runner {self.runner.addr} cannot profile (no CAP_PROFILE): its kernels are not in the profile", file=sys.stderr)
@@ -258,6 +288,12 @@ class RemoteDevice(Compiled):
       super().__init__(device, RemoteAllocator(self), [MetalRenderer], RemoteProgram, RemoteGraph, arch=arch)
     else: super().__init__(device, RemoteAllocator(self), [cstyle.ClangRenderer], RemoteProgram, RemoteGraph,
                            arch=clang_arch(info.arch, info.cpu, info.features))
+
+  def _select_renderer(self):
+    # tinygrad keeps a renderer, and with it a compiler, per device: a runner that takes source gets source, another may get metallibs
+    r = super()._select_renderer()
+    if self.is_metal and self.kind == PROG_METAL_SOURCE and not isinstance(r.compiler, MetalSourceCompiler): r.compiler = MetalSourceCompiler()
+    return r
 
   def load(self, kind:int, name:str, data:bytes, nbufs:int, nvals:int, corearg:int, entry:int, arch:int) -> tuple[bytes, int]:
     """Loads a program once per content on this connection; returns (content key, handle). Each call takes a reference that

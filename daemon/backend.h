@@ -39,8 +39,10 @@ struct be_info {
 	uint64_t maxbuf;	/* largest single buffer */
 	char name[64];		/* device name */
 	char arch[16];		/* "x86_64", "arm64", or the GPU family "Apple9" */
-	char cpu[32];		/* CPU backends: the -march/-mcpu to compile for */
-	char features[128];	/* CPU backends: extra target features, "+a,-b" */
+	char cpu[32];		/* CPU backends: the -march/-mcpu to compile for;
+				 * Metal: the macOS version, "14.5.0" */
+	char features[128];	/* CPU backends: extra target features, "+a,-b";
+				 * Metal: the newest language version, "3.1" */
 };
 
 struct be_session;	/* per-session backend state (command queue, threads) */
@@ -106,6 +108,13 @@ struct backend {
 	/* Host-visible memory of the buffer. The session reads from and writes
 	 * to the socket straight into it, after sync() when work is in flight. */
 	void *(*contents)(struct be_buffer *b);
+	/* NULL, or: the host is about to read b's contents, after sync()
+	 * (Metal without unified memory: Managed storage keeps a CPU copy
+	 * that the GPU's writes reach only when asked to). */
+	int (*host_read)(struct be_session *s, struct be_buffer *b, char *err);
+	/* NULL, or: the host wrote count bytes at off into b's contents
+	 * (Managed storage: the GPU's copy takes them). */
+	void (*host_wrote)(struct be_buffer *b, uint64_t off, uint64_t count);
 	/* span: profiling, the copy's times, or NULL (see struct be_span). */
 	int (*copy)(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	    struct be_buffer *src, uint64_t srcoff, uint64_t count,

@@ -24,6 +24,25 @@ settle(struct session *s, uint32_t tag)
 	return 0;
 }
 
+/* The host reads b's contents next: the backend brings the device's
+ * writes into them first (backend.h, host_read). 0, or -1 with s->err. */
+int
+sess_host_read(struct session *s, struct buffer *b)
+{
+	if (s->be->host_read == NULL)
+		return 0;
+	return s->be->host_read(s->bs, b->b, s->err);
+}
+
+/* The host wrote count bytes at offset of b's contents. */
+void
+sess_host_wrote(struct session *s, struct buffer *b, uint64_t offset,
+    uint64_t count)
+{
+	if (s->be->host_wrote != NULL && count > 0)
+		s->be->host_wrote(b->b, offset, count);
+}
+
 static int
 range_ok(uint64_t size, uint64_t offset, uint64_t count)
 {
@@ -145,6 +164,9 @@ sess_write(struct session *s, const struct proto_twrite *t)
 	rc = sess_take(s, dst, t->count) == -1 ? -2 : 0;
 	if (span != NULL)
 		span->end = sess_prof_now(s);
+	if (rc == 0 && dst != NULL)
+		sess_host_wrote(s, htab_get(&s->bufs, t->handle), t->offset,
+		    t->count);
 	if (rc == 0 && dst != NULL && (t->h.flags & PROTO_FCACHE) &&
 	    s->cache != NULL && t->count > 0) {
 		cache_link_put(s->cache, dst, t->count);
@@ -182,6 +204,10 @@ sess_read(struct session *s, const struct proto_tread *t)
 	}
 	if (settle(s, t->h.tag) == -1)
 		return sess_fail_reply(s);
+	if (sess_host_read(s, b) == -1) {
+		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "%s", s->err);
+		return sess_fail_reply(s);
+	}
 	src = (const uint8_t *)s->be->contents(b->b) + t->offset;
 	/* Profiling: the time the data took to leave the buffer (into the
 	 * output buffer, or the socket for a large read). */

@@ -62,6 +62,8 @@ sess_writehash(struct session *s, const struct proto_twritehash *t)
 	switch (rc) {
 	case 0:
 		s->cache_in += t->count;
+		sess_host_wrote(s, htab_get(&s->bufs, t->handle), t->offset,
+		    t->count);
 		return 0;
 	case CACHE_NOTHELD:
 		return sess_errorf(s, t->h.tag, PROTO_ENOTCACHED, "%s", s->err);

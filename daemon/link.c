@@ -494,12 +494,18 @@ link_run(struct session *s, uint32_t tag, const struct program *p,
 		return sess_errorf(s, tag, PROTO_EPEER, "link %u (%s %s): no "
 		    "runner has connected to it", l->handle, dir_name(l->dir),
 		    l->peer);
-	if (l->dir == LINK_SEND)
+	if (l->dir == LINK_SEND) {
+		if (sess_host_read(s, b) == -1)
+			return sess_errorf(s, tag, PROTO_EDEVICE, "%s", s->err);
 		return send_msg(s, tag, l, at, (uint64_t)vals[0],
 		    (uint64_t)vals[1]);
+	}
 	if (s->rread_refs > 0)	/* the message lands in a buffer */
 		resume_keep(s);
-	return recv_msg(s, tag, l, at, (uint64_t)vals[0], (uint64_t)vals[1]);
+	if (recv_msg(s, tag, l, at, (uint64_t)vals[0], (uint64_t)vals[1]) == -1)
+		return -1;
+	sess_host_wrote(s, b, args[0].offset, (uint64_t)vals[0]);
+	return 0;
 }
 
 int

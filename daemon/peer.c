@@ -216,6 +216,10 @@ sess_peersend(struct session *s, const struct proto_tpeersend *t,
 			return sess_fail_reply(s);
 		}
 	}
+	if (sess_host_read(s, b) == -1) {
+		sess_errorf(s, t->h.tag, PROTO_EDEVICE, "%s", s->err);
+		return sess_fail_reply(s);
+	}
 	if (sess_flush(s) == -1)	/* queued replies go out before a wait */
 		return -2;
 	if ((fd = peer_connect(host, t->port, t->grant, t->secret, t->count,
@@ -355,6 +359,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		close(fd);
 		goto out;
 	}
+	sess_host_wrote(s, b, g.offset, p->count);
 	peer_mac(g.secret, "metal_runner peer done", g.id, p->count,
 	    p->cnonce, mac);
 	peer_send_rpeer(fd, p->h.tag, p->count, mac);

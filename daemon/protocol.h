@@ -221,8 +221,8 @@ struct proto_rhello {
 	uint8_t nonce[32];
 	char name[64];
 	char arch[16];
-	char cpu[32];
-	char features[128];
+	char cpu[32];		/* CPU: -mcpu; Metal: macOS "14.5.0" */
+	char features[128];	/* CPU: "+a,-b"; Metal: newest MSL "3.1" */
 };
 
 /* size[4] Tauth tag[4] cnonce[32] mac[32] */

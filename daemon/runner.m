@@ -124,6 +124,9 @@ struct be_buffer {
 	uint64_t size;			/* its length */
 	uint64_t useq;			/* the session's last command buffer
 					 * that uses it (its seq), 0: none */
+	int gpuw;			/* managed storage: the GPU may have
+					 * written it since the CPU's copy was
+					 * last synchronized (mtl_host_read) */
 };
 
 struct be_session {
@@ -147,6 +150,13 @@ struct be_session {
 };
 
 static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
+/* The runner's macOS, major, minor, patch (mtl_os_read); read-only after
+ * open. */
+static int mtl_os[3];
+/* No unified memory (an Intel Mac's discrete GPU): buffers are Managed,
+ * a CPU and a GPU copy (mtl_host_read, mtl_host_wrote). Read-only after
+ * open. */
+static int mtl_managed;
 static pthread_mutex_t mtl_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
 static uint64_t mtl_clock;		/* under mtl_lock */
@@ -467,6 +477,85 @@ mtl_binds_check(const struct mtl_binds *b, const struct be_program_desc *d,
 	return 0;
 }
 
+/* ---- the macOS version ---- */
+
+/* MTLLanguageVersion's values: (major << 16) + minor (MTLLibrary.h),
+ * spelled as numbers, as SDKs lack the names of versions newer than
+ * themselves and each name is available only from its macOS. */
+#define MTL_LANG(major, minor) ((MTLLanguageVersion)((major) << 16 | (minor)))
+
+/*
+ * This Mac's macOS version into mtl_os. macOS 26 tells a program built
+ * with an SDK older than its own that it is 16 (as Big Sur said 10.16):
+ * that is 26 here, the version Metal's compiler has. Rhello reports it
+ * (protocol.md: Metal runners' cpu), so that a client sends a metallib
+ * only to a runner whose macOS is at least its own.
+ */
+static void
+mtl_os_read(void)
+{
+	NSOperatingSystemVersion v;
+
+	/* What macOS this is (macOS 10.10). */
+	v = [[NSProcessInfo processInfo] operatingSystemVersion];
+	mtl_os[0] = (int)v.majorVersion;
+	mtl_os[1] = (int)v.minorVersion;
+	mtl_os[2] = (int)v.patchVersion;
+	if (mtl_os[0] == 16)
+		mtl_os[0] = 26;
+	else if (mtl_os[0] == 10 && mtl_os[1] == 16) {
+		mtl_os[0] = 11;
+		mtl_os[1] = 0;
+	}
+}
+
+/*
+ * The language version source is compiled at: the one tinygrad's
+ * MetalCompiler pins for this macOS (ops_metal.py: metal4.0 from 26, 3.1
+ * from 14, 3.0 on 13, else 2.0), not the newest the system has, so that a
+ * kernel means here what it means to tinygrad on the same Mac. Taken from
+ * mtl_os, not @available, so that it is the version Rhello reports (and
+ * the Metal emulator's METAL_EMU_MACOS can stand for an older Mac).
+ */
+static MTLLanguageVersion
+mtl_language(void)
+{
+	if (mtl_os[0] >= 26)
+		return MTL_LANG(4, 0);
+	if (mtl_os[0] >= 14)
+		return MTL_LANG(3, 1);
+	if (mtl_os[0] == 13)
+		return MTL_LANG(3, 0);
+	return MTL_LANG(2, 0);
+}
+
+/*
+ * Rhello.features of a Metal runner: the newest language version this
+ * macOS compiles, which a metallib may use ("MAJOR.MINOR"). Apple's
+ * MTLLanguageVersion table: 4.0 macOS 26, 3.2 15, 3.1 14, 3.0 13, 2.4 12,
+ * 2.3 11, 2.2 10.15.
+ * https://developer.apple.com/documentation/metal/mtllanguageversion
+ */
+static void
+mtl_newest(char *out, size_t len)
+{
+	static const struct {
+		int macos;
+		unsigned major, minor;
+	} tab[] = {
+		{ 26, 4, 0 }, { 15, 3, 2 }, { 14, 3, 1 }, { 13, 3, 0 },
+		{ 12, 2, 4 }, { 11, 2, 3 },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof(tab) / sizeof(tab[0]); i++)
+		if (mtl_os[0] >= tab[i].macos) {
+			snprintf(out, len, "%u.%u", tab[i].major, tab[i].minor);
+			return;
+		}
+	snprintf(out, len, "2.2");
+}
+
 /*
  * Compile d into a pipeline the caller owns, or nil with err set; for a
  * compile error *longerr gets the compiler's whole text, which does not
@@ -522,22 +611,12 @@ mtl_compile(const struct be_program_desc *d, struct mtl_binds *binds,
 			goto fail;
 		}
 		/*
-		 * The language version tinygrad's MetalCompiler pins
-		 * (ops_metal.py: metal4.0 from macOS 26, 3.1 from 14, 3.0 on
-		 * 13, else 2.0), not the newest the system has, so a kernel
-		 * means here what it means to tinygrad on the same Mac. 4.0 is
-		 * spelled (4 << 16), as SDKs before 26 lack its name. It comes
-		 * first: mathMode's default "depends on the language standard
-		 * version" (MTLLibrary.h), so the math settings follow it.
+		 * The language version tinygrad pins for this macOS
+		 * (mtl_language). It comes first: mathMode's default "depends
+		 * on the language standard version" (MTLLibrary.h), so the
+		 * math settings follow it.
 		 */
-		if (@available(macOS 26.0, *))
-			opt.languageVersion = (MTLLanguageVersion)(4 << 16);
-		else if (@available(macOS 14.0, *))
-			opt.languageVersion = MTLLanguageVersion3_1;
-		else if (@available(macOS 13.0, *))
-			opt.languageVersion = MTLLanguageVersion3_0;
-		else
-			opt.languageVersion = MTLLanguageVersion2_0;
+		opt.languageVersion = mtl_language();
 		/*
 		 * IEEE-safe math, as tinygrad compiles (-fno-fast-math) unless
 		 * METAL_FAST_MATH is set; Metal's own default is fast math.
@@ -759,7 +838,9 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	memset(info, 0, sizeof(*info));
 	info->backend = PROTO_BACKEND_METAL;
 	info->caps = PROTO_CAP_METALLIB | PROTO_CAP_METAL_SOURCE;
-	if ([mtl_dev hasUnifiedMemory])
+	/* Without unified memory buffers are Managed (mtl_alloc_body). */
+	mtl_managed = ![mtl_dev hasUnifiedMemory];
+	if (!mtl_managed)
 		info->caps |= PROTO_CAP_UNIFIED;
 	info->ncores = 1;
 	info->memory = [mtl_dev recommendedMaxWorkingSetSize];
@@ -768,6 +849,11 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	snprintf(info->name, sizeof(info->name), "%s",
 	    name != NULL ? name : "Metal device");
 	snprintf(info->arch, sizeof(info->arch), "%s", mtl_family(mtl_dev));
+	/* Rhello: the macOS and the newest language version it compiles. */
+	mtl_os_read();
+	snprintf(info->cpu, sizeof(info->cpu), "%d.%d.%d", mtl_os[0],
+	    mtl_os[1], mtl_os[2]);
+	mtl_newest(info->features, sizeof(info->features));
 	/* Check that source compiles here; offer it only if it does. */
 	if (mtl_probe(&why) == -1) {
 		info->caps &= (uint16_t)~PROTO_CAP_METAL_SOURCE;
@@ -1030,9 +1116,11 @@ mtl_alloc_body(uint64_t size, char *err)
 		mtl_seterr(err, "out of memory");
 		return NULL;
 	}
-	/* Allocate memory CPU and GPU share (zero-filled by Metal). */
+	/* Allocate memory CPU and GPU share (zero-filled by Metal), or
+	 * without unified memory a CPU and a GPU copy of it (Managed). */
 	b->buf = [mtl_dev newBufferWithLength:(NSUInteger)size
-	    options:MTLResourceStorageModeShared];
+	    options:mtl_managed ? MTLResourceStorageModeManaged :
+	    MTLResourceStorageModeShared];
 	if (b->buf == nil) {
 		mtl_seterr(err, "Metal could not allocate %llu bytes",
 		    (unsigned long long)size);
@@ -1089,11 +1177,79 @@ mtl_free(struct be_session *s, struct be_buffer *b)
  * sync before it touches contents, so no GPU work on it is outstanding
  * (storageModeShared: "Ensure that all changes you schedule on either the
  * CPU or GPU ... complete before accessing that resource on the other").
+ * Managed: the pointer is the CPU's copy, which mtl_host_read and
+ * mtl_host_wrote keep in step with the GPU's.
  */
 static void *
 mtl_contents(struct be_buffer *b)
 {
 	return b->ptr;
+}
+
+/*
+ * backend.h, host_read: managed storage only. The GPU's writes reach the
+ * CPU's copy only through a blit synchronizeResource: ("synchronizes the
+ * CPU's copy of a managed resource ... with its GPU copy"), run after the
+ * work that wrote it and waited for. A buffer no GPU work has written
+ * since is current already.
+ */
+static int
+mtl_host_read_body(struct be_session *s, struct be_buffer *b, char *err)
+{
+	id <MTLCommandBuffer> cb;
+	id <MTLBlitCommandEncoder> blit;
+
+	if (!mtl_managed || !b->gpuw)
+		return 0;
+	if ((cb = mtl_cmdbuf(s, err)) == nil)
+		return -1;
+	/* Start a blit pass, after the session's earlier work. */
+	blit = [cb blitCommandEncoder];
+	if (blit == nil) {
+		fprintf(stderr, "%s: blitCommandEncoder returned nil\n",
+		    __func__);
+		mtl_seterr(err, "Metal could not create a blit encoder");
+		return -1;
+	}
+	/* Copy the GPU's version of the buffer into the CPU's. */
+	[blit synchronizeResource:b->buf];
+	b->useq = s->seq;
+	/* End the blit pass. */
+	[blit endEncoding];
+	/* Submit, and wait for it and all before it. */
+	mtl_drain(s);
+	if (s->err[0] != '\0') {
+		memcpy(err, s->err, BE_ERR_MAX);
+		s->err[0] = '\0';
+		return -1;
+	}
+	b->gpuw = 0;
+	return 0;
+}
+
+static int
+mtl_host_read(struct be_session *s, struct be_buffer *b, char *err)
+{
+	int r;
+
+	@autoreleasepool {
+		r = mtl_host_read_body(s, b, err);
+	}
+	return r;
+}
+
+/* backend.h, host_wrote: managed storage only; tell the GPU which bytes
+ * of the CPU's copy changed, which Metal then copies to the GPU's. */
+static void
+mtl_host_wrote(struct be_buffer *b, uint64_t off, uint64_t count)
+{
+	if (!mtl_managed || count == 0)
+		return;
+	@autoreleasepool {
+		/* Mark the CPU's changes for the GPU. */
+		[b->buf didModifyRange:NSMakeRange((NSUInteger)off,
+		    (NSUInteger)count)];
+	}
 }
 
 static int
@@ -1114,15 +1270,20 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 		/*
 		 * A blit between overlapping ranges of one buffer is undefined,
 		 * and on macOS blit offsets and size must be multiples of 4.
-		 * Storage is shared: wait for the GPU, then memmove on the CPU.
+		 * Wait for the GPU, then memmove on the CPU (managed storage:
+		 * from the source's CPU copy, brought up to date first, and
+		 * the range written marked for the GPU after).
 		 */
 		mtl_drain(s);
+		if (mtl_host_read_body(s, src, err) == -1)
+			return -1;
 		if (span != NULL)
 			span->start = mtl_now_ns();
 		memmove((uint8_t *)dst->ptr + dstoff,
 		    (const uint8_t *)src->ptr + srcoff, (size_t)count);
 		if (span != NULL)
 			span->end = mtl_now_ns();
+		mtl_host_wrote(dst, dstoff, count);
 		return 0;
 	}
 	/* Profiling: the copy gets a command buffer of its own. */
@@ -1143,6 +1304,7 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	    toBuffer:dst->buf destinationOffset:(NSUInteger)dstoff
 	    size:(NSUInteger)count];
 	src->useq = dst->useq = s->seq;
+	dst->gpuw = 1;
 	/* End the blit pass. */
 	[blit endEncoding];
 	if (span != NULL) {
@@ -1415,8 +1577,11 @@ mtl_used(struct be_session *s, const struct be_launch *l)
 {
 	uint16_t i;
 
-	for (i = 0; i < l->nbufs; i++)
+	for (i = 0; i < l->nbufs; i++) {
 		l->bufs[i]->useq = s->seq;
+		/* Which a kernel writes is not known: any may be. */
+		l->bufs[i]->gpuw = 1;
+	}
 }
 
 /* Start a compute pass in cb. */
@@ -1600,6 +1765,8 @@ const struct backend be_metal = {
 	.alloc = mtl_alloc,
 	.free = mtl_free,
 	.contents = mtl_contents,
+	.host_read = mtl_host_read,
+	.host_wrote = mtl_host_wrote,
 	.copy = mtl_copy,
 	.load = mtl_load,
 	.unload = mtl_unload,

@@ -440,9 +440,11 @@ serve(const struct mr_config *cfg)
 		log_error("%s", err);
 		goto out;
 	}
-	fprintf(stderr, "metal_runner %s: backend %s (%s, %s %s), %s "
+	/* A Metal runner's cpu is its macOS version (protocol.md). */
+	fprintf(stderr, "metal_runner %s: backend %s (%s, %s %s%s), %s "
 	    "isolation, listening on %s:%d\n", MR_VERSION, ctx.be->name,
-	    info.name, info.arch, info.cpu, iso == BE_ISOLATE_PROCESS ?
+	    info.name, info.arch, info.backend == PROTO_BACKEND_METAL ?
+	    "macOS " : "", info.cpu, iso == BE_ISOLATE_PROCESS ?
 	    "process" : "thread", cfg->host, port);
 	/* Confined session processes make peer connections through the
 	 * broker (peer_net.c); without it they copy through the client. */

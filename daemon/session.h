@@ -166,6 +166,9 @@ void sess_end(struct session *s, const char *fmt, ...)
  * settled; NULL after queueing the request's error. */
 uint8_t *sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
     uint64_t offset, uint64_t count);
+int sess_host_read(struct session *s, struct buffer *b);
+void sess_host_wrote(struct session *s, struct buffer *b, uint64_t offset,
+    uint64_t count);
 int sess_alloc(struct session *s, const struct proto_talloc *t);
 int sess_free(struct session *s, const struct proto_tfree *t);
 int sess_write(struct session *s, const struct proto_twrite *t);

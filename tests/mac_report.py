@@ -19,7 +19,8 @@ On macOS, in order:
      bit for bit and gives the largest difference in ULP where they differ;
   5. stops that runner, starts a second one without MTL_DEBUG_LAYER (the validation layer costs time), and times both sides with the
      same code (FIGURES), in two more processes, one after the other;
-  6. writes the report: the Mac, macOS, the GPU family the runner reports, what passed, what failed with its output, the figures, and
+  6. writes the report: the Mac, macOS, the GPU family, macOS and newest Metal language version the runner reports, whether its GPU has
+     unified memory, whether the client sent it metallibs or source, what passed, what failed with its output, the figures, and
      the Tloads and launches the runner refused for their bindings or a misaligned offset (in the tests, and in the computations).
 It takes a few minutes on Linux against the emulator at full size (--quick: under a minute); how long on a Mac is not known.
 
@@ -296,7 +297,10 @@ def worker(role:str, part:str, d:pathlib.Path, quick:bool):
   device = Device[dev]
   res: dict = {"role": role, "device": dev, "arch": str(device.renderer.target.arch), "renderer": type(device.renderer).__name__,
                "tinygrad": version("tinygrad"), "python": platform.python_version(), "cases": {}, "figures": {}}
-  if role == "runner": res["runner"] = {"addr": device.runner.addr, "name": device.runner.info.name, "arch": device.runner.info.arch}
+  if role == "runner":
+    from client.protocol import PROG_METALLIB
+    res["runner"] = {"addr": device.runner.addr, "name": device.runner.info.name, "arch": device.runner.info.arch,
+                     "sends": "metallibs" if device.kind == PROG_METALLIB else "Metal source", "host_macos": platform.mac_ver()[0]}
   from tinygrad.codegen import to_program_cache
   from tinygrad.uop.ops import Ops
   def sources(keys) -> list[str]:   # the kernels compiled for this device since keys (tinygrad may render them in a pool of processes)
@@ -437,7 +441,7 @@ class Run:
     with Runner(self.runner.addr) as r:
       i = r.info
       return {"backend": i.backend, "name": i.name, "arch": i.arch, "memory": i.memory, "maxbuf": i.maxbuf, "ncores": i.ncores,
-              "caps": i.caps}
+              "caps": i.caps, "macos": i.cpu, "language": i.features}
 
   def pytest(self, tag:str, args:list[str], env:dict) -> dict:
     xml = self.dir / f"junit-{tag}.xml"
@@ -635,7 +639,7 @@ class Report:
     self.add("## Machine", "", "| | | where it came from |", "|---|---|---|")
     for what, value, src in self.facts: self.add(f"| {what} | {cell(value)} | {src} |")
     if self.hello:
-      from client.protocol import CAP_METAL_SOURCE
+      from client.protocol import CAP_METAL_SOURCE, CAP_UNIFIED
       h = self.hello
       self.add(f"| GPU family | {h['arch']} | the runner's Rhello arch: the newest Apple GPU family the device supports (Apple10 ... Apple1), "
                "else Mac2 (`daemon/runner.m`) |",
@@ -644,7 +648,16 @@ class Report:
                "| Metal source | " + ("compiles on the runner: it offers source (CAP_METAL_SOURCE)" if h["caps"] & CAP_METAL_SOURCE else
                                      "**does not compile on the runner** (Apple's compiler service out of reach?): it offers metallibs only; "
                                      "the runner log below says why") +
-               " | the runner compiles a one-line kernel when it opens the GPU (issue 26, item 2; docs/service.md) |")
+               " | the runner compiles a one-line kernel when it opens the GPU (issue 26, item 2; docs/service.md) |",
+               f"| runner macOS | {h['macos'] or '(not reported)'}, newest Metal language {h['language'] or '(not reported)'} | the runner's "
+               "Rhello cpu and features (`NSProcessInfo` operatingSystemVersion; Apple's language version table) |",
+               "| unified memory | " + ("yes: buffers are Shared (CAP_UNIFIED)" if h["caps"] & CAP_UNIFIED else
+                                       "**no**: buffers are Managed, synchronized by the runner (no CAP_UNIFIED)") +
+               " | the runner's Rhello caps: Metal's `hasUnifiedMemory` (issue 26, item 5) |")
+      if (r:=(self.work or {}).get("runner", {}).get("runner")) is not None:
+        self.add(f"| programs sent | {r['sends']}, by a client on macOS {r['host_macos'] or '(none: not a Mac)'} | the runner process's "
+                 "choice (`client/remote_metal.py` metal_kind): metallibs only to a runner whose macOS is at least the client's; "
+                 "source, compiled at the runner's language version, otherwise (issue 26, item 1) |")
     w = self.work or {}
     for role in ("local", "runner"):
       if "arch" in w.get(role, {}):

@@ -42,6 +42,10 @@ def test_report_on_linux(tmp_path):
   assert machine["GPU family"][0] == "Apple7" and "Rhello" in machine["GPU family"][1]
   assert machine["runner device"][0] == "Metal emulator (CPU, test harness)"
   assert machine["Metal source"][0] == "compiles on the runner: it offers source (CAP_METAL_SOURCE)", machine["Metal source"]
+  # issue 26, items 1 and 5: the runner's macOS and language version (the emulator's default, 26.0), its memory, what was sent
+  assert machine["runner macOS"][0] == "26.0.0, newest Metal language 4.0", machine["runner macOS"]
+  assert machine["unified memory"][0] == "yes: buffers are Shared (CAP_UNIFIED)", machine["unified memory"]
+  assert machine["programs sent"][0] == "Metal source, by a client on macOS (none: not a Mac)", machine["programs sent"]
   assert re.fullmatch(r"[0-9a-f]{12}( with local changes)?", machine["metal_runner commit"][0])
   assert machine["tinygrad, reference"][0].startswith("CPU:") and machine["tinygrad, runner"][0].startswith("METAL: MetalRenderer, arch Apple7")
   # the Metal tests: both passes, the second one for the test that starts its own runner

@@ -1,5 +1,5 @@
 """Thello/Rhello, Tauth/Rauth, Versioning and Authentication: the first exchanges of a connection."""
-import os, signal, struct, threading, time
+import os, re, signal, struct, threading, time
 import pytest
 from conformance.spec import P, Raw, section, send_auth, client_mac, server_mac, fatal, closed, ok, TOKEN
 
@@ -13,8 +13,10 @@ def test_rhello_repeats_magic_and_version_and_reports_the_runner(target):
   assert kinds, "caps name no program kind"
   if i["backend"] == P.BACKEND_CPU:
     assert P.cstr(i["arch"]) in ("x86_64", "arm64", "riscv64") and i["ncores"] >= 1
-  else:
-    assert i["ncores"] == 1 and P.cstr(i["cpu"]) == "" and P.cstr(i["features"]) == ""
+  else:   # cpu: the runner's macOS "MAJOR.MINOR.PATCH"; features: the newest Metal language version it has, "MAJOR.MINOR"
+    assert i["ncores"] == 1
+    assert re.fullmatch(r"\d+\.\d+\.\d+", P.cstr(i["cpu"])) and int(P.cstr(i["cpu"]).split(".")[0]) >= 10, i["cpu"]
+    assert re.fullmatch(r"\d+\.\d+", P.cstr(i["features"])), i["features"]
   assert i["memory"] > 0 and 0 < i["maxbuf"] <= i["memory"] and i["maxhandles"] >= 1
   for f in ("name", "arch", "cpu", "features"): i[f].split(b"\0", 1)[0].decode("utf-8")  # UTF-8 text padded with NUL bytes
 

@@ -18,7 +18,6 @@
 
 #define EMU_MAX_BUFFER (1ULL << 30)		/* maxBufferLength */
 #define EMU_WORKING_SET (4ULL << 30)		/* recommendedMaxWorkingSetSize */
-#define EMU_NEWEST_LANGUAGE 320			/* MSL 3.2, macOS 15's newest */
 
 NSArray *emu_array(id *objs, NSUInteger n);
 
@@ -145,6 +144,30 @@ enum { EMU_FPFUNC_FAST = 0, EMU_FPFUNC_PRECISE = 1 };
 }
 @end
 
+/*
+ * The newest language version (as __METAL_VERSION__) the emulated Mac's
+ * macOS has (METAL_EMU_MACOS, foundation.m), from Apple's MTLLanguageVersion
+ * table: 4.0 macOS 26, 3.2 15, 3.1 14, 3.0 13, 2.4 12, 2.3 11, 2.2 10.15.
+ */
+static unsigned
+newest_language(void)
+{
+	static const int tab[][2] = {
+		{ 26, 400 }, { 15, 320 }, { 14, 310 }, { 13, 300 }, { 12, 240 },
+		{ 11, 230 },
+	};
+	size_t i;
+	int v[3];
+
+	emu_macos(v);
+	if (v[0] == 16)		/* macOS 26 to a program of an older SDK */
+		v[0] = 26;
+	for (i = 0; i < sizeof(tab) / sizeof(tab[0]); i++)
+		if (v[0] >= tab[i][0])
+			return (unsigned)tab[i][1];
+	return 220;
+}
+
 /* __METAL_VERSION__ for a language version, 0 if unknown. */
 static unsigned
 metal_version(MTLLanguageVersion v)
@@ -152,7 +175,7 @@ metal_version(MTLLanguageVersion v)
 	unsigned major = (unsigned)(v >> 16), minor = (unsigned)(v & 0xffff);
 
 	if (v == 0)
-		return EMU_NEWEST_LANGUAGE;
+		return newest_language();
 	if ((major == 2 && minor <= 4) || (major == 3 && minor <= 2) ||
 	    (major == 4 && minor == 0))
 		return major * 100 + minor * 10;
@@ -337,6 +360,29 @@ emu_reflection(const struct metal_emu_kernel *k, MTLPipelineOption options)
 	return (MTLComputePipelineReflection *)emu_autorelease(r);
 }
 
+/* A library of len bytes of source compiled at version (__METAL_VERSION__),
+ * or nil with *error set, as newLibraryWithSource: and newLibraryWithData:
+ * return it (retained). */
+static id <MTLLibrary>
+emu_library(const char *src, size_t len, unsigned version, int mathmode,
+    NSError **error)
+{
+	struct emu_lib *l;
+	EmuLibrary *lib;
+	char *err = NULL;
+
+	if ((l = emu_lib_compile(src, len, version, mathmode, &err)) == NULL) {
+		/* MTLLibraryErrorCompileFailure = 3 */
+		if (error != NULL)
+			*error = emu_error(3, "%s", err);
+		free(err);
+		return nil;
+	}
+	lib = (EmuLibrary *)[EmuLibrary alloc];
+	lib->lib = l;
+	return lib;
+}
+
 /* ---- buffers ---- */
 
 /*
@@ -355,13 +401,44 @@ static uint64_t emu_memory_used;	/* under device_lock */
 
 static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/*
+ * METAL_EMU_UNIFIED=0: a GPU without unified memory (an Intel Mac's AMD
+ * GPU): hasUnifiedMemory NO, and a Managed buffer has two copies, as on
+ * such a Mac: the CPU's (contents) and the GPU's (what kernels and blits
+ * use). Only didModifyRange: (CPU to GPU, at the call) and a blit's
+ * synchronizeResource: (GPU to CPU, when the GPU runs it) copy between
+ * them, so a runner that leaves either out reads or computes stale bytes.
+ */
+static int
+unified(void)
+{
+	const char *u = getenv("METAL_EMU_UNIFIED");
+
+	return u == NULL || strcmp(u, "0") != 0;
+}
+
 @implementation EmuBuffer
 - (void *)contents
 {
-	return bytes;
+	return cpu != NULL ? cpu : bytes;
+}
+/* "Informs the GPU that the CPU has modified a section of the buffer";
+ * managed storage only. */
+- (void)didModifyRange:(NSRange)range
+{
+	if (cpu == NULL)
+		return;		/* one copy: nothing to move */
+	if (range.location > length || range.length > length - range.location) {
+		emu_log("didModifyRange: {%lu, %lu} is outside a buffer of %lu "
+		    "bytes", (unsigned long)range.location,
+		    (unsigned long)range.length, (unsigned long)length);
+		abort();	/* Metal asserts */
+	}
+	memcpy(bytes + range.location, cpu + range.location, range.length);
 }
 - (void)dealloc
 {
+	free(cpu);
 	munmap(map, maplen);
 	pthread_mutex_lock(&device_lock);
 	emu_memory_used -= length;
@@ -387,6 +464,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 - (instancetype)initAt:(int)i of:(int)n
 {
 	const char *f = getenv("METAL_EMU_FAMILY");
+	int v[3];
 
 	family = 7;	/* Apple7 (M1): simdgroup matrices, tensor cores */
 	if (f != NULL && sscanf(f, "Apple%d", &family) != 1)
@@ -398,9 +476,11 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	if ((f = getenv("METAL_EMU_MEMORY")) != NULL)
 		emu_memory = emu_size(f);
 	emu_exec_init();
-	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s) "
-	    "running kernels on the CPU; not a GPU, not Apple's compiler",
-	    family, lowpower ? ", low power" : "");
+	emu_macos(v);
+	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s%s) "
+	    "on an emulated macOS %d.%d.%d, running kernels on the CPU; not a "
+	    "GPU, not Apple's compiler", family, lowpower ? ", low power" : "",
+	    unified() ? "" : ", no unified memory", v[0], v[1], v[2]);
 	return self;
 }
 
@@ -419,7 +499,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 - (BOOL)hasUnifiedMemory
 {
-	return YES;
+	return unified();
 }
 
 - (uint64_t)recommendedMaxWorkingSetSize
@@ -453,9 +533,10 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	EmuBuffer *b;
 	uint8_t *m;
 
-	if (options != MTLResourceStorageModeShared)
-		emu_log("newBufferWithLength: options %lu: only shared storage "
-		    "is emulated", (unsigned long)options);
+	if (options != MTLResourceStorageModeShared &&
+	    options != MTLResourceStorageModeManaged)
+		emu_log("newBufferWithLength: options %lu: only shared and "
+		    "managed storage are emulated", (unsigned long)options);
 	if (length == 0 || length > EMU_MAX_BUFFER)
 		return nil;
 	/* METAL_EMU_MEMORY: the device's memory, taken until dealloc. */
@@ -486,6 +567,21 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		return nil;
 	}
 	b = (EmuBuffer *)[EmuBuffer alloc];
+	/* Managed without unified memory: the CPU's copy, zero-filled. */
+	if (options == MTLResourceStorageModeManaged && !unified() &&
+	    (b->cpu = calloc(1, length)) == NULL) {
+		munmap(m, data + 2 * page);
+		b->map = NULL;
+		b->length = length;	/* dealloc returns it */
+		[b release];
+		return nil;
+	}
+	if (getenv("METAL_EMU_TRACE") != NULL &&
+	    strcmp(getenv("METAL_EMU_TRACE"), "1") == 0)
+		emu_log("newBufferWithLength: %lu bytes, storage %s%s",
+		    (unsigned long)length, options ==
+		    MTLResourceStorageModeManaged ? "managed" : "shared",
+		    b->cpu != NULL ? " (a CPU and a GPU copy)" : "");
 	b->map = m;
 	b->maplen = data + 2 * page;
 	b->bytes = m + page + data - ((length + 15) & ~(size_t)15);
@@ -493,15 +589,47 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	return b;
 }
 
+/*
+ * A metallib: only the emulator's own kind, which tests make to stand for
+ * one compiled on a Mac (README.md): "MTLB" (a real metallib's magic),
+ * "EMU1", the language version it was compiled at (MTLLanguageVersion,
+ * 4 bytes little-endian), then its Metal source. A Mac refuses a library of
+ * a language version newer than its macOS has with the text quoted below
+ * (as reported in other projects' trackers); so does this.
+ */
 - (nullable id <MTLLibrary>)newLibraryWithData:(dispatch_data_t)data
     error:(__autoreleasing NSError * _Nullable * _Nullable)error
 {
-	(void)data;
-	if (error != NULL)
-		*error = emu_error(1, "metallib is not supported by the "
-		    "Metal emulator: it compiles Metal source only (the client "
-		    "sends source when its host has no Metal compiler)");
-	return nil;
+	const uint8_t *p;
+	size_t n;
+	uint32_t lv;
+	unsigned version, newest = newest_language();
+
+	emu_dispatch_bytes(data, &p, &n);
+	if (n < 12 || memcmp(p, "MTLBEMU1", 8) != 0) {
+		if (error != NULL)
+			*error = emu_error(1, "metallib is not supported by the "
+			    "Metal emulator: it compiles Metal source only (the "
+			    "client sends source when its host has no Metal "
+			    "compiler), and the test harness's own metallibs "
+			    "(MTLBEMU1)");
+		return nil;
+	}
+	lv = (uint32_t)p[8] | (uint32_t)p[9] << 8 | (uint32_t)p[10] << 16 |
+	    (uint32_t)p[11] << 24;
+	if ((version = metal_version(lv)) == 0 || version > newest) {
+		if (error != NULL)
+			*error = emu_error(1, "This library is using language "
+			    "version %u.%u which is not supported on this OS",
+			    (unsigned)(lv >> 16), (unsigned)(lv & 0xffff));
+		return nil;
+	}
+	if (getenv("METAL_EMU_TRACE") != NULL &&
+	    strcmp(getenv("METAL_EMU_TRACE"), "1") == 0)
+		emu_log("newLibraryWithData: a metallib of language version "
+		    "%u.%u", (unsigned)(lv >> 16), (unsigned)(lv & 0xffff));
+	return emu_library((const char *)p + 12, n - 12, version, EMU_MATH_SAFE,
+	    error);
 }
 
 - (nullable id <MTLLibrary>)newLibraryWithSource:(NSString *)source
@@ -511,9 +639,6 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	MTLLanguageVersion lv = options != nil ? [options languageVersion] : 0;
 	unsigned version = metal_version(lv);
 	const char *src = [source UTF8String];
-	struct emu_lib *l;
-	EmuLibrary *lib;
-	char *err = NULL;
 
 	/*
 	 * METAL_EMU_NO_COMPILER=1: Apple's compiler service (MTLCompilerService,
@@ -539,6 +664,20 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 			    "0x%lx", (unsigned long)lv);
 		return nil;
 	}
+	/* A language version newer than this macOS has (METAL_EMU_MACOS).
+	 * The text a Mac gives was not seen here; this one is a guess. */
+	if (version > newest_language()) {
+		if (error != NULL)
+			*error = emu_error(3, "Metal language version %lu.%lu is "
+			    "not supported on this OS (macOS %s, whose newest is "
+			    "%u.%u) [emulated: the text a Mac gives is not "
+			    "known]", (unsigned long)(lv >> 16),
+			    (unsigned long)(lv & 0xffff),
+			    getenv("METAL_EMU_MACOS") ? getenv("METAL_EMU_MACOS") :
+			    "26.0", newest_language() / 100,
+			    newest_language() / 10 % 10);
+		return nil;
+	}
 	if (getenv("METAL_EMU_TRACE") != NULL &&
 	    strcmp(getenv("METAL_EMU_TRACE"), "1") == 0)
 		emu_log("newLibraryWithSource: compile options set: %s",
@@ -547,19 +686,9 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 		    "none" : ((EmuCompileOptions *)options)->setters);
 	/* Relaxed is fast math that honours infinities and NaNs. The FP32
 	 * functions are the C library's either way (README.md). */
-	l = emu_lib_compile(src, strlen(src), version, options == nil ?
+	return emu_library(src, strlen(src), version, options == nil ?
 	    EMU_MATH_FAST : (int)((EmuCompileOptions *)options)->mathmode,
-	    &err);
-	if (l == NULL) {
-		/* MTLLibraryErrorCompileFailure = 3 */
-		if (error != NULL)
-			*error = emu_error(3, "%s", err);
-		free(err);
-		return nil;
-	}
-	lib = (EmuLibrary *)[EmuLibrary alloc];
-	lib->lib = l;
-	return lib;
+	    error);
 }
 
 - (nullable id <MTLComputePipelineState>)newComputePipelineStateWithFunction:

@@ -44,6 +44,9 @@ NSString *emu_string(const char *fmt, ...)
 NSError *emu_error(long code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));	/* autoreleased */
 id emu_autorelease(id obj);
+void emu_dispatch_bytes(dispatch_data_t data, const uint8_t **p, size_t *n);
+/* METAL_EMU_MACOS: the macOS version NSProcessInfo reports. */
+void emu_macos(int v[3]);
 
 @interface NSObject (Emu)
 + (instancetype)allocPlain;	/* NSObject's own alloc, for class clusters */
@@ -58,7 +61,9 @@ id emu_autorelease(id obj);
 @public
 	void *map;		/* the whole mapping, guard pages included */
 	size_t maplen;
-	uint8_t *bytes;		/* contents: ends at the trailing guard page */
+	uint8_t *bytes;		/* the GPU's: ends at the trailing guard page */
+	uint8_t *cpu;		/* Managed, METAL_EMU_UNIFIED=0: the CPU's copy
+				 * (contents), else NULL: contents is bytes */
 	NSUInteger length;
 }
 @end

@@ -374,6 +374,57 @@ emu_error(long code, const char *fmt, ...)
 	return [e autorelease];
 }
 
+/*
+ * NSProcessInfo: only the macOS version. METAL_EMU_MACOS=MAJOR.MINOR[.PATCH]
+ * is the one it reports (26.0 if unset or not a version), which also
+ * decides the newest Metal language version the emulated compiler
+ * accepts (device.m), as on a Mac of that version.
+ */
+void
+emu_macos(int v[3])
+{
+	const char *e = getenv("METAL_EMU_MACOS");
+
+	v[0] = 26;
+	v[1] = v[2] = 0;
+	if (e != NULL && sscanf(e, "%d.%d.%d", &v[0], &v[1], &v[2]) < 2) {
+		v[0] = 26;
+		v[1] = v[2] = 0;
+	}
+}
+
+static NSProcessInfo *emu_processinfo;
+
+/* The process's one NSProcessInfo, which lives as long as the process:
+ * left out of the live-object counts, which must end at none. */
+static void
+emu_processinfo_make(void)
+{
+	emu_processinfo = (NSProcessInfo *)[NSProcessInfo allocPlain];
+	emu_count(emu_class(emu_processinfo), -1);
+}
+
+@implementation NSProcessInfo
++ (NSProcessInfo *)processInfo
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, emu_processinfo_make);
+	return emu_processinfo;
+}
+- (NSOperatingSystemVersion)operatingSystemVersion
+{
+	NSOperatingSystemVersion r;
+	int v[3];
+
+	emu_macos(v);
+	r.majorVersion = v[0];
+	r.minorVersion = v[1];
+	r.patchVersion = v[2];
+	return r;
+}
+@end
+
 @interface EmuArray : NSArray {
 @public
 	id *items;
@@ -451,6 +502,16 @@ emu_array(id *objs, NSUInteger n)
 	[super dealloc];
 }
 @end
+
+/* The bytes of data, which dispatch_data_create made. */
+void
+emu_dispatch_bytes(dispatch_data_t data, const uint8_t **p, size_t *n)
+{
+	EmuDispatchData *d = (EmuDispatchData *)data;
+
+	*p = d->bytes;
+	*n = d->size;
+}
 
 dispatch_data_t
 dispatch_data_create(const void *buffer, size_t size, dispatch_queue_t queue,

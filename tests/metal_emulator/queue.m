@@ -49,7 +49,7 @@ static atomic_ulong emu_ncommits, emu_ncmdbufs, emu_nencoders;
 /* The code every command buffer now fails with (the GPU is lost), or 0. */
 static atomic_long emu_lost;
 
-enum { CMD_DISPATCH = 1, CMD_COPY };
+enum { CMD_DISPATCH = 1, CMD_COPY, CMD_SYNC };
 
 struct emu_cmd {
 	int type;
@@ -58,7 +58,7 @@ struct emu_cmd {
 	EmuBuffer *bufs[EMU_ARG_TABLE];		/* retained */
 	void *bytes[EMU_ARG_TABLE];		/* setBytes copies */
 	struct emu_dispatch d;
-	/* CMD_COPY */
+	/* CMD_COPY; CMD_SYNC: dst */
 	EmuBuffer *src, *dst;			/* retained */
 	size_t srcoff, dstoff, size;
 };
@@ -639,6 +639,25 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 	c->size = size;
 }
 
+/* "Encodes a command that synchronizes the CPU's copy of a managed
+ * resource ... with its GPU copy": runs in order with the rest. A buffer
+ * with one copy (shared, or unified memory) has nothing to synchronize. */
+- (void)synchronizeResource:(id <MTLResource>)resource
+{
+	EmuBuffer *b = (EmuBuffer *)resource;
+	struct emu_cmd *c;
+
+	if (ended) {
+		[cb invalid:"synchronizeResource after endEncoding"];
+		return;
+	}
+	if (b->cpu == NULL)
+		return;
+	c = [cb newCommand];
+	c->type = CMD_SYNC;
+	c->dst = [b retain];
+}
+
 @end
 
 /* ---- the queue and its thread ---- */
@@ -676,6 +695,8 @@ run(EmuCommandBuffer *cb)
 		c = &cb->cmds[i];
 		if (c->type == CMD_DISPATCH)
 			emu_exec(&c->d, err, sizeof(err));
+		else if (c->type == CMD_SYNC)	/* the GPU's copy to the CPU's */
+			memcpy(c->dst->cpu, c->dst->bytes, c->dst->length);
 		else
 			memmove(c->dst->bytes + c->dstoff,
 			    c->src->bytes + c->srcoff, c->size);

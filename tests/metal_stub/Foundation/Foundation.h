@@ -49,6 +49,39 @@ enum {
 	NSUTF8StringEncoding = 4
 };
 
+/* typedef struct _NSRange { NSUInteger location; NSUInteger length; } NSRange;
+ * NSMakeRange is NS_INLINE (static inline) in NSRange.h.
+ * https://developer.apple.com/documentation/foundation/nsrange
+ * https://developer.apple.com/documentation/foundation/nsmakerange(_:_:) */
+typedef struct _NSRange {
+	NSUInteger location;
+	NSUInteger length;
+} NSRange;
+static inline NSRange
+NSMakeRange(NSUInteger loc, NSUInteger len)
+{
+	NSRange r = { loc, len };
+	return r;
+}
+
+/* typedef struct { NSInteger majorVersion; NSInteger minorVersion;
+ * NSInteger patchVersion; } NSOperatingSystemVersion;
+ * https://developer.apple.com/documentation/foundation/operatingsystemversion */
+typedef struct {
+	NSInteger majorVersion;
+	NSInteger minorVersion;
+	NSInteger patchVersion;
+} NSOperatingSystemVersion;
+
+@interface NSProcessInfo : NSObject
+/* @property(class, readonly, strong) NSProcessInfo *processInfo;
+ * https://developer.apple.com/documentation/foundation/processinfo/processinfo */
++ (NSProcessInfo *)processInfo;
+/* @property(readonly) NSOperatingSystemVersion operatingSystemVersion;  (macOS 10.10)
+ * https://developer.apple.com/documentation/foundation/processinfo/operatingsystemversion */
+@property (readonly) NSOperatingSystemVersion operatingSystemVersion;
+@end
+
 @interface NSString : NSObject
 /* - (nullable instancetype)initWithBytes:(const void *)bytes
  *     length:(NSUInteger)len encoding:(NSStringEncoding)encoding;

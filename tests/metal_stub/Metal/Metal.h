@@ -35,16 +35,21 @@ MTLSizeMake(NSUInteger width, NSUInteger height, NSUInteger depth)
 
 /* ---- MTLResource.h ---- */
 
-/* MTLStorageModeShared = 0; MTLResourceStorageModeShift = 4;
+/* MTLStorageModeShared = 0, MTLStorageModeManaged = 1 (macOS 10.11);
+ * MTLResourceStorageModeShift = 4;
  * MTLResourceStorageModeShared = MTLStorageModeShared << MTLResourceStorageModeShift
+ * MTLResourceStorageModeManaged = MTLStorageModeManaged << MTLResourceStorageModeShift
  * https://developer.apple.com/documentation/metal/mtlstoragemode
- * https://developer.apple.com/documentation/metal/mtlresourceoptions/storagemodeshared */
+ * https://developer.apple.com/documentation/metal/mtlresourceoptions/storagemodeshared
+ * https://developer.apple.com/documentation/metal/mtlresourceoptions/storagemodemanaged */
 typedef NS_ENUM(NSUInteger, MTLStorageMode) {
-	MTLStorageModeShared = 0
+	MTLStorageModeShared = 0,
+	MTLStorageModeManaged = 1
 };
 #define MTLResourceStorageModeShift 4
 typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
-	MTLResourceStorageModeShared = MTLStorageModeShared << MTLResourceStorageModeShift
+	MTLResourceStorageModeShared = MTLStorageModeShared << MTLResourceStorageModeShift,
+	MTLResourceStorageModeManaged = MTLStorageModeManaged << MTLResourceStorageModeShift
 };
 
 /* https://developer.apple.com/documentation/metal/mtlresource */
@@ -58,6 +63,11 @@ typedef NS_OPTIONS(NSUInteger, MTLResourceOptions) {
  * "A pointer to the shared copy of the buffer data"
  * https://developer.apple.com/documentation/metal/mtlbuffer/contents() */
 - (void *)contents NS_RETURNS_INNER_POINTER;
+/* - (void)didModifyRange:(NSRange)range;  (macOS 10.11)
+ * "Informs the GPU that the CPU has modified a section of the buffer"
+ * (managed storage only)
+ * https://developer.apple.com/documentation/metal/mtlbuffer/didmodifyrange(_:) */
+- (void)didModifyRange:(NSRange)range;
 @end
 
 /* ---- MTLLibrary.h ---- */
@@ -251,6 +261,11 @@ typedef NS_OPTIONS(NSUInteger, MTLPipelineOption) {
     toBuffer:(id <MTLBuffer>)destinationBuffer
     destinationOffset:(NSUInteger)destinationOffset
     size:(NSUInteger)size;
+/* - (void)synchronizeResource:(id<MTLResource>)resource;  (macOS 10.11)
+ * "Encodes a command that synchronizes the CPU's copy of a managed
+ * resource ... with its GPU copy"
+ * https://developer.apple.com/documentation/metal/mtlblitcommandencoder/synchronize(resource:) */
+- (void)synchronizeResource:(id <MTLResource>)resource;
 @end
 
 /* ---- MTLCommandBuffer.h ---- */
