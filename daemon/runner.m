@@ -249,8 +249,8 @@ mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
 		 * for its service manager to restart it; a session process
 		 * (spawn.c) ends only its own session. */
 		mtl_seterr(mtl_lost_why, "the GPU is lost to this process "
-		    "(%s: %s): every later command buffer would fail, so the "
-		    "process ends", name, text != NULL ? text :
+		    "(%s: %s); it ends (with thread isolation the runner "
+		    "exits, to be restarted)", name, text != NULL ? text :
 		    "(Metal gave no description)");
 		atomic_store(&mtl_lost_set, 1);
 	}

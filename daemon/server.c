@@ -301,12 +301,16 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		}
 		ctx->info = &info;
 	}
-	sa.sa_handler = sess_crash_signal;
-	sigemptyset(&sa.sa_mask);
-	sa.sa_flags = SA_NODEFER | SA_RESETHAND;
-	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-		sigaction(sigs[i], &sa, NULL);
-	sess_crash_handlers = 1;
+	/* CPU kernels run here; a GPU's faults come back from its driver,
+	 * whose own handlers (the emulator's) must stay. */
+	if (!ctx->be->no_fork) {
+		sa.sa_handler = sess_crash_signal;
+		sigemptyset(&sa.sa_mask);
+		sa.sa_flags = SA_NODEFER | SA_RESETHAND;
+		for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+			sigaction(sigs[i], &sa, NULL);
+		sess_crash_handlers = 1;
+	}
 	/* Before the first byte from the client is read: a kernel is code
 	 * from the client, and so is anything a parser bug would run. A
 	 * backend that cannot fork is a driver not made for a filter. */
