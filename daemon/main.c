@@ -289,7 +289,7 @@ main(int argc, char **argv)
 		{ "cache-dir", required_argument, NULL, O_CACHEDIR },
 		{ "cache-size", required_argument, NULL, O_CACHESIZE },
 		{ "exit-with-stdin", no_argument, NULL, O_STDIN },
-		/* Internal: a session process the runner spawned (spawn.c). */
+		/* Internal: a session process the runner spawned (procspawn.c). */
 		{ "session-spawn", required_argument, NULL, O_SPAWNED },
 		{ "session-routes", required_argument, NULL, O_SROUTES },
 		{ "session-peer", required_argument, NULL, O_SPEER },

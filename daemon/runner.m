@@ -10,7 +10,7 @@
  * device, opened once; one command queue per session; pipelines compiled
  * once and cached across sessions by the SHA-256 of (kind, name, data).
  * Metal is not fork-safe, so a session is a process of its own started
- * fresh (BE_ISOLATE_SPAWN, spawn.c: it opens the device itself), or with
+ * fresh (BE_ISOLATE_SPAWN, procspawn.c: it opens the device itself), or with
  * --isolation thread a thread of one process; the pipeline cache has its
  * own mutex for that case, while a session's command buffers and encoders
  * are only touched by its thread.
@@ -247,7 +247,7 @@ mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
 	if (!atomic_load(&mtl_lost_set)) {
 		/* Thread isolation: the process is the runner, which exits
 		 * for its service manager to restart it; a session process
-		 * (spawn.c) ends only its own session. */
+		 * (procspawn.c) ends only its own session. */
 		mtl_seterr(mtl_lost_why, "the GPU is lost to this process "
 		    "(%s: %s); it ends (with thread isolation the runner "
 		    "exits, to be restarted)", name, text != NULL ? text :

@@ -11,7 +11,7 @@
  * default; --isolation spawn for the CPU backend): Metal is not fork-safe
  * once the device is open, so each session is a fresh process of the same
  * binary, started with posix_spawn and handed the connection and the
- * descriptors of what a forked session would inherit (spawn.c). It opens
+ * descriptors of what a forked session would inherit (procspawn.c). It opens
  * the device itself, so a GPU that macOS revokes from one session's
  * process (after its work hangs) ends that session only. The cost, a new
  * process and device per session, was measured on the Metal emulator at a
@@ -64,7 +64,7 @@
 #include "resume.h"
 #include "session.h"
 #include "slots.h"
-#include "spawn.h"
+#include "procspawn.h"
 
 struct thread_arg {
 	const struct mr_server_ctx *ctx;

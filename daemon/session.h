@@ -312,7 +312,7 @@ int peer_recv_all(int fd, void *buf, size_t n);
 int peer_broker_start(const struct mr_config *cfg, int lfd, char *err);
 void peer_broker_stop(void);
 int peer_broker_attach(char *err);
-/* Spawned session processes (spawn.c): the broker's socket to hand down,
+/* Spawned session processes (procspawn.c): the broker's socket to hand down,
  * or -1; and the session's side, which takes it. */
 int peer_broker_fd(void);
 void peer_broker_adopt(int fd);

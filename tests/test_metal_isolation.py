@@ -1,4 +1,4 @@
-# Metal sessions in processes of their own (issue 26, item 6; daemon/spawn.c): by default each session of a Metal runner is a
+# Metal sessions in processes of their own (issue 26, item 6; daemon/procspawn.c): by default each session of a Metal runner is a
 # fresh process of the runner started with posix_spawn, so a GPU that macOS takes from one session's process (AccessRevoked,
 # after its work hangs) ends that session only; with --isolation thread every session is a thread of one process, and the
 # same loss ends them all. On Linux this runs on the Metal emulator (tests/metal_emulator, a test harness), whose

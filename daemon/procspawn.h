@@ -1,6 +1,6 @@
 /*
- * spawn.h: sessions in processes of their own started with posix_spawn
- * (spawn.c), and what they share with forked ones (server.c). Private to
+ * procspawn.h: sessions in processes of their own started with posix_spawn
+ * (procspawn.c), and what they share with forked ones (server.c). Private to
  * the daemon.
  */
 #ifndef SPAWN_H

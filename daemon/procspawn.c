@@ -1,5 +1,5 @@
 /*
- * spawn.c: process isolation where the backend cannot fork (Metal): each
+ * procspawn.c: process isolation where the backend cannot fork (Metal): each
  * session is a fresh process of the runner's own binary, started with
  * posix_spawn and handed the connection.
  *
@@ -49,7 +49,7 @@
 #include "proto.h"
 #include "session.h"
 #include "slots.h"
-#include "spawn.h"
+#include "procspawn.h"
 
 extern char **environ;
 
