@@ -20,13 +20,15 @@ def pytest_addoption(parser):
   g.addoption("--token-file", metavar="FILE", help="the token of the runner named by --runner (trailing CR/LF removed)")
   g.addoption("--runner-isolation", choices=("process", "thread"), help="the isolation mode of the runner named by --runner, if known")
   g.addoption("--backend", choices=("cpu", "metal"), default="cpu", help="the backend of the runners this suite starts (default cpu)")
+  g.addoption("--isolations", default="process,thread", help="the --isolation modes of the runners this suite starts, comma-separated "
+              "(default process,thread; spawn: CPU sessions spawned as Metal's are)")
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "section(*names): the protocol.md sections a conformance case checks")
 
 def pytest_generate_tests(metafunc):
   if "target" in metafunc.fixturenames:
-    ids = ["external"] if metafunc.config.getoption("--runner", None) else ["process", "thread"]
+    ids = ["external"] if metafunc.config.getoption("--runner", None) else metafunc.config.getoption("--isolations").split(",")
     metafunc.parametrize("target", ids, indirect=True, scope="session")
 
 @pytest.fixture(scope="session")

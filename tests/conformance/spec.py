@@ -103,7 +103,7 @@ class Target:
     if self.backend != "cpu": pytest.skip(f"a {self.backend} runner's kernels are GPU code: they cannot crash a session's process")
     if self.isolation is None: pytest.skip("needs a CPU runner known to use process isolation (pass --runner-isolation process): "
                                            "a crashing kernel would take down a thread-isolated runner")
-    if self.isolation != "process": pytest.skip("needs process isolation; this runner uses thread isolation")
+    if self.isolation not in ("process", "spawn"): pytest.skip("needs process isolation; this runner uses thread isolation")
 
 class Pool:
   """Runners this suite starts, on 127.0.0.1 with free ports, stopped by pid at the end of the test session."""
