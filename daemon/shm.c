@@ -30,8 +30,9 @@ shm_anon(size_t len)
 	static atomic_uint seq;
 	char name[64];
 
-	/* The name only exists between these two calls. */
-	snprintf(name, sizeof(name), "/metal_runner.%ld.%u", (long)getpid(),
+	/* The name only exists between these two calls (macOS: at most
+	 * 31 bytes). */
+	snprintf(name, sizeof(name), "/mr.%ld.%u", (long)getpid(),
 	    atomic_fetch_add(&seq, 1));
 	if ((fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600)) == -1)
 		return -1;
