@@ -1,18 +1,18 @@
-"""What a Metal session in a process of its own would cost, ON THE METAL EMULATOR: python3 bench/session_spawn.py [--repeat N] [--kernels K]
+"""What a Metal session in a process of its own costs, ON THE METAL EMULATOR: python3 bench/session_spawn.py [--repeat N] [--kernels K]
 
 EMULATOR FIGURES. daemon/metal_runner_emu is daemon/runner.m on tests/metal_emulator, a TEST HARNESS that runs kernels on the CPU behind
 Apple's declared Metal API; nothing here says what a Mac takes to start a process that opens its GPU (issue 26, item 6).
 
 Session start is the time from connect() to the Rlaunch of the first launch: Thello/Rhello, Talloc, K Tloads of distinct kernels (Metal
-source), one Tlaunch with FWAIT. Two ways, alternating, each the median of --repeat runs (min and max too):
+source), one Tlaunch with FWAIT. Two runners, one per isolation mode, sessions alternating between them, each the median of --repeat
+runs (min and max too):
 
-  thread   today: one runner, every session a thread of it. The runner's pipeline cache is warm after the first run, so a later session
-           compiles nothing; the first run of each batch is dropped for that reason.
-  spawn    a session in a fresh process: a runner started with os.posix_spawn for this one session, which opens the device (and compiles
-           the one-line probe kernel, runner.m's mtl_probe), then serves it. This models a runner that posix_spawns a child per accepted
-           connection and hands it the socket: the figure is from posix_spawn to the Rlaunch and includes the child's listen() and the
-           client's connect(), which handing over the accepted fd would not need, so it is an upper bound of that design. The emulator's
-           compiled kernels come from its disk cache here in both ways (as a Mac's Metal shader cache would serve a second process).
+  thread   --isolation thread: every session a thread of the runner. Its pipeline cache is warm after the first session, so a later
+           session compiles nothing; the first session of each batch is dropped for that reason.
+  spawn    --isolation process (the Metal default): the runner posix_spawns a fresh process of itself per connection and hands it the
+           socket (daemon/procspawn.c); that process opens the device (compiling the one-line probe kernel, runner.m's mtl_probe) and
+           compiles the session's kernels again (its pipeline cache starts empty). The emulator's compiled kernels come from its disk
+           cache here in both modes (as a Mac's Metal shader cache would serve a second process).
 """
 from __future__ import annotations
 import argparse, os, pathlib, re, select, signal, subprocess, sys, time
@@ -40,10 +40,10 @@ def session(addr:str, kernels:int) -> float:
   c.s.close()
   return dt
 
-def spawn() -> tuple[int, int]:
-  """posix_spawn a runner; (pid, read end of its stdout)."""
+def spawn(*args:str) -> tuple[int, int]:
+  """posix_spawn a runner with args; (pid, read end of its stdout)."""
   r, w = os.pipe()
-  pid = os.posix_spawn(str(EMU), [str(EMU), *ARGS], dict(os.environ),
+  pid = os.posix_spawn(str(EMU), [str(EMU), *ARGS, *args], dict(os.environ),
                        file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_CLOSE, r), (os.POSIX_SPAWN_CLOSE, w),
                                      (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
                                      (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0)])
@@ -64,16 +64,6 @@ def stop(pid:int, fd:int):
   os.waitpid(pid, 0)
   os.close(fd)
 
-def spawned_session(kernels:int) -> float:
-  t = time.perf_counter()
-  pid, fd = spawn()
-  try:
-    addr = listening(fd)
-    session(addr, kernels)
-    return time.perf_counter() - t
-  finally:
-    stop(pid, fd)
-
 def stats(xs:list[float]) -> dict:
   xs = sorted(x * 1e3 for x in xs)
   return {"median": xs[len(xs) // 2], "min": xs[0], "max": xs[-1], "n": len(xs)}
@@ -85,22 +75,22 @@ def main():
   a = ap.parse_args()
   subprocess.run(["make", "-s", "-C", str(ROOT / "daemon"), "emu"], check=True)
   os.environ["METAL_RUNNER_TOKEN_FILE"] = ""   # these runners have no token: a client holding one would refuse them
-  pid, fd = spawn()
+  runners = [spawn("--isolation", "thread"), spawn("--isolation", "process")]
   try:
-    addr = listening(fd)
+    ta, sa = (listening(fd) for _, fd in runners)
     for k in a.kernels:
-      spawned_session(k); session(addr, k)     # fill the emulator's disk cache and the runner's pipeline cache
+      session(sa, k); session(ta, k)           # fill the emulator's disk cache and the thread runner's pipeline cache
       th, sp = [], []
       for _ in range(a.repeat):                # alternating, so drift hits both alike
-        th.append(session(addr, k))
-        sp.append(spawned_session(k))
+        th.append(session(ta, k))
+        sp.append(session(sa, k))
       t, s = stats(th), stats(sp)
       print(f"EMULATOR FIGURES (tests/metal_emulator, a CPU test harness; not an Apple GPU), {k} kernel(s), {a.repeat} runs each:")
-      print(f"  thread (one process)     {t['median']:8.2f} ms   (min {t['min']:.2f}, max {t['max']:.2f})")
-      print(f"  spawn  (process/session) {s['median']:8.2f} ms   (min {s['min']:.2f}, max {s['max']:.2f})")
-      print(f"  spawn - thread           {s['median'] - t['median']:8.2f} ms   ratio {s['median'] / t['median']:.1f}x")
+      print(f"  thread isolation           {t['median']:8.2f} ms   (min {t['min']:.2f}, max {t['max']:.2f})")
+      print(f"  process isolation (spawn)  {s['median']:8.2f} ms   (min {s['min']:.2f}, max {s['max']:.2f})")
+      print(f"  spawn - thread             {s['median'] - t['median']:8.2f} ms   ratio {s['median'] / t['median']:.1f}x")
   finally:
-    stop(pid, fd)
+    for pid, fd in runners: stop(pid, fd)
 
 if __name__ == "__main__":
   main()

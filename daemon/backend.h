@@ -28,7 +28,9 @@
 /* How sessions are isolated from each other, see server.c. */
 enum be_isolation {
 	BE_ISOLATE_PROCESS = 1,	/* one forked process per session */
-	BE_ISOLATE_THREAD = 2	/* one thread per session, one process */
+	BE_ISOLATE_THREAD = 2,	/* one thread per session, one process */
+	BE_ISOLATE_SPAWN = 3	/* one process per session, a fresh one
+				 * (posix_spawn of the runner: procspawn.c) */
 };
 
 struct be_info {
@@ -91,8 +93,8 @@ struct be_launch {
 struct backend {
 	const char *name;		/* "cpu", "metal" */
 	enum be_isolation isolation;	/* default isolation for this backend */
-	int thread_only;		/* device not fork-safe (Metal): refuse
-					 * process isolation */
+	int no_fork;			/* device not fork-safe (Metal): process
+					 * isolation spawns (procspawn.c) */
 
 	/* Open the device once; fill info. */
 	int (*open)(struct be_info *info, const char *device, char *err);
@@ -155,7 +157,8 @@ struct backend {
 	 * Any thread may ask. The session that sees it set ends, telling its
 	 * client why; the runner then ends every session and mr_serve()
 	 * returns -1, so that a service manager restarts the process. Only
-	 * for thread isolation: a session process's device is its own. */
+	 * for thread isolation: a session process's device is its own, and
+	 * its loss ends that session only (procspawn.c). */
 	const char *(*lost)(void);
 };
 

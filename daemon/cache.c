@@ -52,6 +52,7 @@
 
 #include "cache.h"
 #include "proto.h"
+#include "shm.h"
 
 #ifdef __APPLE__
 #define st_mtim st_mtimespec
@@ -68,8 +69,9 @@ static struct {
 	 * process of this runner: shared memory mapped before the first
 	 * fork, so every session's helper adds to the same count. */
 	_Atomic uint64_t *approx;
+	int approxfd;		/* for spawned session processes */
 	char dir[1024];
-} C = { -1, 0, NULL, "" };
+} C = { -1, 0, NULL, -1, "" };
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned tmp_counter;
 /* A pin is an open file: this process's pins stay FD_RESERVE descriptors
@@ -281,10 +283,11 @@ done:
 	free(e);
 }
 
+static void pins_init(uint32_t);
+
 int
 cache_open(const char *dir, uint64_t limit, uint32_t nsessions, char *err)
 {
-	struct rlimit rl;
 	char probe[64];
 	int fd;
 
@@ -314,15 +317,74 @@ cache_open(const char *dir, uint64_t limit, uint32_t nsessions, char *err)
 	}
 	close(fd);
 	unlinkat(C.dirfd, probe, 0);
-	if ((C.approx = mmap(NULL, sizeof(*C.approx), PROT_READ | PROT_WRITE,
-	    MAP_SHARED | MAP_ANONYMOUS, -1, 0)) == MAP_FAILED) {
-		snprintf(err, PROTO_ERRLEN, "mmap: %s", strerror(errno));
-		C.approx = NULL;
+	if ((C.approxfd = shm_anon(sizeof(*C.approx))) == -1 ||
+	    (C.approx = shm_map(C.approxfd, sizeof(*C.approx))) == NULL) {
+		snprintf(err, PROTO_ERRLEN, "shared memory: %s",
+		    strerror(errno));
+		if (C.approxfd != -1)
+			close(C.approxfd);
+		C.approxfd = -1;
 		close(C.dirfd);
 		C.dirfd = -1;
 		return -1;
 	}
-	/* Pins are open files: take what the hard limit allows. */
+	pins_init(nsessions);
+	snprintf(C.dir, sizeof(C.dir), "%s", dir);
+	C.limit = limit;
+	pthread_mutex_lock(&cache_lock);
+	evict();
+	pthread_mutex_unlock(&cache_lock);
+	log_info("cache: %s, %" PRIu64 " of %" PRIu64 " bytes used; SHA-256 "
+	    "on %s", dir, (uint64_t)atomic_load(C.approx), limit, sha256_impl());
+	if (nsessions == 1)
+		log_info("cache: a session pins at most %ld contents (open "
+		    "files)", maxpins);
+	else
+		log_info("cache: %u sessions share %ld pins (open files): %ld "
+		    "each, and %ld lent to those that want more", nsessions,
+		    maxpins, share, lendable);
+	return 0;
+}
+
+int
+cache_approx_fd(void)
+{
+	return C.approx != NULL ? C.approxfd : -1;
+}
+
+/* A spawned session process (spawn.c): the runner's store, already opened
+ * and scanned by the runner, and its byte count (approxfd, closed here). */
+int
+cache_attach(const char *dir, uint64_t limit, int approxfd, char *err)
+{
+	if ((C.dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) == -1) {
+		snprintf(err, PROTO_ERRLEN, "cannot open %s: %s", dir,
+		    strerror(errno));
+		close(approxfd);
+		return -1;
+	}
+	if ((C.approx = shm_map(approxfd, sizeof(*C.approx))) == NULL) {
+		snprintf(err, PROTO_ERRLEN, "shared memory: %s",
+		    strerror(errno));
+		close(approxfd);
+		close(C.dirfd);
+		C.dirfd = -1;
+		return -1;
+	}
+	close(approxfd);
+	pins_init(1);
+	snprintf(C.dir, sizeof(C.dir), "%s", dir);
+	C.limit = limit;
+	return 0;
+}
+
+/* Pins are open files: of what the hard limit allows, each of nsessions
+ * sessions of this process gets a share. */
+static void
+pins_init(uint32_t nsessions)
+{
+	struct rlimit rl;
+
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
 		if (rl.rlim_cur < rl.rlim_max) {
 			rl.rlim_cur = rl.rlim_max;
@@ -346,21 +408,6 @@ cache_open(const char *dir, uint64_t limit, uint32_t nsessions, char *err)
 		nsessions = 1;
 	share = maxpins / (2 * (long)nsessions);
 	lendable = maxpins - (long)nsessions * share;
-	snprintf(C.dir, sizeof(C.dir), "%s", dir);
-	C.limit = limit;
-	pthread_mutex_lock(&cache_lock);
-	evict();
-	pthread_mutex_unlock(&cache_lock);
-	log_info("cache: %s, %" PRIu64 " of %" PRIu64 " bytes used; SHA-256 "
-	    "on %s", dir, (uint64_t)atomic_load(C.approx), limit, sha256_impl());
-	if (nsessions == 1)
-		log_info("cache: a session pins at most %ld contents (open "
-		    "files)", maxpins);
-	else
-		log_info("cache: %u sessions share %ld pins (open files): %ld "
-		    "each, and %ld lent to those that want more", nsessions,
-		    maxpins, share, lendable);
-	return 0;
 }
 
 int

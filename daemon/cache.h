@@ -24,6 +24,11 @@
 int cache_open(const char *dir, uint64_t limit, uint32_t nsessions,
     char *err);
 int cache_enabled(void);
+/* Spawned session processes (procspawn.c): the descriptor of the store's
+ * shared byte count (-1: no cache), and the session's side, which opens
+ * dir again and maps the count (approxfd is closed). */
+int cache_approx_fd(void);
+int cache_attach(const char *dir, uint64_t limit, int approxfd, char *err);
 /* What one session was told it may rely on (Thave): open files. */
 struct cache_pins *cache_pins_new(void);
 void cache_pins_free(struct cache_pins *ps);

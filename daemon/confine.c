@@ -88,9 +88,15 @@ confine_init(const struct mr_config *cfg)
 
 	if (be == NULL)
 		return 0;	/* mr_serve() says there is no such backend */
-	iso = cfg->isolation ? cfg->isolation : be->isolation;
+	iso = mr_isolation(cfg, be);
 	if (cfg->user != NULL) {
-		if (iso != BE_ISOLATE_PROCESS) {
+		if (iso != BE_ISOLATE_THREAD && be->no_fork) {
+			say("--user is not supported for the %s backend: its "
+			    "session processes run as the runner's user",
+			    be->name);
+			return -1;
+		}
+		if (iso == BE_ISOLATE_THREAD) {
 			say("--user applies to session processes, and with "
 			    "thread isolation (the %s backend) there are none",
 			    be->name);
@@ -105,15 +111,20 @@ confine_init(const struct mr_config *cfg)
 			say("%s", err);
 			return -1;
 		}
-	} else if (iso == BE_ISOLATE_PROCESS && geteuid() == 0)
+	} else if (iso != BE_ISOLATE_THREAD && !be->no_fork && geteuid() == 0)
 		say("sessions run as root: start the runner with --user NAME "
 		    "to run them as an unprivileged user");
-	if (iso != BE_ISOLATE_PROCESS && cfg->kernel_timeout > 0)
+	if (iso == BE_ISOLATE_THREAD && cfg->kernel_timeout > 0)
 		say("--kernel-timeout has no effect with thread isolation (the "
 		    "%s backend): a session thread cannot be stopped", be->name);
-	if (iso != BE_ISOLATE_PROCESS)
+	if (iso == BE_ISOLATE_THREAD)
 		say("sessions are not confined: with thread isolation (the %s "
 		    "backend) every session runs in the runner's own process",
+		    be->name);
+	else if (be->no_fork)
+		say("session processes are not confined: the %s backend's "
+		    "driver needs more system calls than a filter would allow "
+		    "(its kernels are GPU code, not code of this process)",
 		    be->name);
 	else if (cfg->no_confine)
 		say("sessions are not confined (--no-confine): a kernel can "

@@ -182,6 +182,23 @@ mr_token_replace(const uint8_t *token, size_t len)
 	return 0;
 }
 
+/* A spawned session process (procspawn.c) is handed the token in force now:
+ * written to fd (a pipe), which is closed. 0 or -1. */
+int
+mr_token_send(const struct mr_config *cfg, int fd)
+{
+	ssize_t n;
+
+	pthread_mutex_lock(&token_lock);
+	n = token_new != NULL ? write(fd, token_new, token_newlen) :
+	    write(fd, cfg->token, cfg->tokenlen);
+	n = n == (ssize_t)(token_new != NULL ? token_newlen : cfg->tokenlen) ?
+	    0 : -1;
+	pthread_mutex_unlock(&token_lock);
+	close(fd);
+	return (int)n;
+}
+
 static void
 auth_mac(const uint8_t *key, size_t keylen, const char *label,
     const uint8_t *a, const uint8_t *b, uint8_t out[32])

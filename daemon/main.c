@@ -42,8 +42,11 @@ usage(FILE *f)
 "  -v, --verbose           log each session's details and failed requests;\n"
 "                          twice: every kernel and its time\n"
 "  -q, --quiet             log only errors\n"
-"      --isolation MODE    process or thread (default: the backend's:\n"
-"                          cpu uses a process per session, metal threads)\n"
+"      --isolation MODE    process, thread or spawn (default: process):\n"
+"                          a process per session, forked (cpu) or, for\n"
+"                          metal, spawned fresh (it cannot fork); spawn:\n"
+"                          cpu spawned too; thread: one process, a thread\n"
+"                          per session\n"
 "      --token-file PATH   require clients to prove they know this secret\n"
 "      --allow-unauthenticated\n"
 "                          allow a non-loopback --host without a token\n"
@@ -256,7 +259,8 @@ main(int argc, char **argv)
 	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
 	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
 	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
-	    O_CACHESIZE, O_RGRACE, O_RLOG, O_STDIN };
+	    O_CACHESIZE, O_RGRACE, O_RLOG, O_STDIN, O_SPAWNED, O_SROUTES,
+	    O_SPEER };
 	static const struct option opts[] = {
 		{ "host", required_argument, NULL, 'H' },
 		{ "port", required_argument, NULL, 'p' },
@@ -285,6 +289,10 @@ main(int argc, char **argv)
 		{ "cache-dir", required_argument, NULL, O_CACHEDIR },
 		{ "cache-size", required_argument, NULL, O_CACHESIZE },
 		{ "exit-with-stdin", no_argument, NULL, O_STDIN },
+		/* Internal: a session process the runner spawned (procspawn.c). */
+		{ "session-spawn", required_argument, NULL, O_SPAWNED },
+		{ "session-routes", required_argument, NULL, O_SROUTES },
+		{ "session-peer", required_argument, NULL, O_SPEER },
 		{ "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 }
@@ -294,7 +302,8 @@ main(int argc, char **argv)
 	char err[512];
 	uint64_t v;
 	int c, n, rc, li, unauth = 0;
-	const char *token_path = NULL;
+	const char *token_path = NULL, *spawned = NULL, *sroutes = "-";
+	const char *speer = "?";
 	uint8_t *token = NULL;
 
 	mr_config_defaults(&cfg);
@@ -338,6 +347,8 @@ main(int argc, char **argv)
 				cfg.isolation = BE_ISOLATE_PROCESS;
 			else if (strcmp(optarg, "thread") == 0)
 				cfg.isolation = BE_ISOLATE_THREAD;
+			else if (strcmp(optarg, "spawn") == 0)
+				cfg.isolation = BE_ISOLATE_SPAWN;
 			else
 				goto bad;
 			break;
@@ -417,6 +428,15 @@ main(int argc, char **argv)
 		case O_STDIN:
 			cfg.watch_stdin = 1;
 			break;
+		case O_SPAWNED:
+			spawned = optarg;
+			break;
+		case O_SROUTES:
+			sroutes = optarg;
+			break;
+		case O_SPEER:
+			speer = optarg;
+			break;
 		case O_CACHESIZE:
 			if (parse_size(optarg, &cfg.cache_size) == -1 ||
 			    cfg.cache_size < 65536)
@@ -438,12 +458,18 @@ main(int argc, char **argv)
 		    argv[optind]);
 		return usage_error();
 	}
-	if (token_path != NULL && (token = read_token(token_path, &cfg.tokenlen,
+	/* A session process is handed the token in force instead (the file
+	 * may have changed, or gone, since the runner read it). */
+	if (token_path != NULL && spawned == NULL &&
+	    (token = read_token(token_path, &cfg.tokenlen,
 	    err, sizeof(err))) == NULL) {
 		log_error("%s", err);
 		return 1;
 	}
 	cfg.token = token;
+	/* A session process: the same configuration, one connection. */
+	if (spawned != NULL)
+		mr_spawned_session(&cfg, spawned, sroutes, speer);
 	if (la.advertise != NULL) {
 		/* An advertisement invites strangers: only with a token, unless
 		 * only this machine can connect. */
@@ -477,6 +503,8 @@ main(int argc, char **argv)
 	}
 	cfg.on_hup = on_hup;
 	cfg.on_hup_arg = (void *)token_path;
+	cfg.argv = argv;
+	cfg.argc = argc;
 	rc = mr_serve(&cfg) == 0 && !la.failed ? 0 : 1;
 	free(token);
 	return rc;

@@ -51,6 +51,11 @@ struct mr_config {
 	int watch_stdin;		/* 1: stop when stdin reaches its end (the
 					 * program that started the runner holds
 					 * the pipe's other end) */
+	/* The runner's command line, which a spawned session process
+	 * (procspawn.c) is started with to read the same configuration; NULL:
+	 * no spawned sessions (an embedding program: use fork or threads). */
+	char *const *argv;
+	int argc;
 	/* Called once the socket listens, with the bound port. */
 	void (*on_listen)(const char *host, int port, void *arg);
 	void *on_listen_arg;
@@ -102,6 +107,17 @@ void mr_log_handshake_flush(void);
  * process and in session processes forked later; cfg->token must be set.
  * 0, or -1 with nothing changed (no memory, or len 0). Thread-safe. */
 int mr_token_replace(const uint8_t *token, size_t len);
+/* Write the token in force to fd, and close it: 0 or -1 (procspawn.c). */
+int mr_token_send(const struct mr_config *cfg, int fd);
+
+/* server.c: the isolation cfg asks of be (spawn where be cannot fork). */
+enum be_isolation mr_isolation(const struct mr_config *cfg,
+    const struct backend *be);
+/* procspawn.c: main() of a spawned session process, given the internal
+ * options --session-spawn SPEC, --session-routes IDS and --session-peer
+ * ADDR that the runner started it with; it does not return. */
+void mr_spawned_session(struct mr_config *cfg, const char *spec,
+    const char *routes, const char *peer);
 
 /* session.c */
 struct mr_server_ctx {

@@ -399,6 +399,18 @@ peer_broker_stop(void)
 	broker_pid = -1;
 }
 
+int
+peer_broker_fd(void)
+{
+	return broker_fd;
+}
+
+void
+peer_broker_adopt(int fd)
+{
+	broker_fd = fd;
+}
+
 /* In a session process, before it is confined: its private channel for
  * the broker's answers (the broker's socket is shared by all sessions). */
 int

@@ -164,3 +164,45 @@ peer_forget(void)
 		routes[i].w = -1;
 	}
 }
+
+/* The runner, spawning slot's session process (procspawn.c): slot's own end,
+ * and every inbox's write end with its session, for a connection that
+ * turns out to be a peer; at most max. Returns how many write ends. */
+int
+peer_route_fds(int slot, int *r, uint32_t *ids, int *w, int max)
+{
+	uint32_t i;
+	int n = 0;
+
+	*r = -1;
+	if (routes == NULL)
+		return 0;
+	pthread_mutex_lock(&lock);
+	*r = routes[slot].r;
+	for (i = 0; i < nroutes && n < max; i++)
+		if (routes[i].w != -1) {
+			ids[n] = routes[i].id;
+			w[n++] = routes[i].w;
+		}
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+/* In a spawned session process: what peer_route_fds() gave, as if forked.
+ * Write ends go in any place: peer_handoff() finds them by session. */
+int
+peer_route_adopt(uint32_t nslots, int slot, int r, const uint32_t *ids,
+    const int *w, int n)
+{
+	int i;
+
+	if (peer_routes_init(nslots) == -1)
+		return -1;
+	in_session_process = 1;
+	routes[slot].r = r;
+	for (i = 0; i < n && (uint32_t)i < nslots; i++) {
+		routes[i].id = ids[i];
+		routes[i].w = w[i];
+	}
+	return 0;
+}

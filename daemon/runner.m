@@ -9,9 +9,11 @@
  * Shape (models: llama.cpp's ggml-metal, Apple's MetalComputeBasic): one
  * device, opened once; one command queue per session; pipelines compiled
  * once and cached across sessions by the SHA-256 of (kind, name, data).
- * Sessions are threads of one process (BE_ISOLATE_THREAD), because Metal is
- * not fork-safe; so the cache is shared and has its own mutex, while a
- * session's command buffers and encoders are only touched by its thread.
+ * Metal is not fork-safe, so a session is a process of its own started
+ * fresh (BE_ISOLATE_SPAWN, procspawn.c: it opens the device itself), or with
+ * --isolation thread a thread of one process; the pipeline cache has its
+ * own mutex for that case, while a session's command buffers and encoders
+ * are only touched by its thread.
  *
  * Ownership: manual retain/release; this file must be compiled without ARC
  * (-fno-objc-arc, clang's default), like ggml-metal. Every object obtained
@@ -253,10 +255,12 @@ mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
 	text = [[e localizedDescription] UTF8String];
 	pthread_mutex_lock(&mtl_lock);
 	if (!atomic_load(&mtl_lost_set)) {
-		mtl_seterr(mtl_lost_why, "the GPU is lost to this runner's "
-		    "process (%s: %s): every later command buffer would fail; "
-		    "the runner is exiting so that its service manager "
-		    "restarts it", name, text != NULL ? text :
+		/* Thread isolation: the process is the runner, which exits
+		 * for its service manager to restart it; a session process
+		 * (procspawn.c) ends only its own session. */
+		mtl_seterr(mtl_lost_why, "the GPU is lost to this process "
+		    "(%s: %s); it ends (with thread isolation the runner "
+		    "exits, to be restarted)", name, text != NULL ? text :
 		    "(Metal gave no description)");
 		atomic_store(&mtl_lost_set, 1);
 	}
@@ -1756,8 +1760,8 @@ mtl_launch(struct be_session *s, const struct be_launch *l, size_t n,
 
 const struct backend be_metal = {
 	.name = "metal",
-	.isolation = BE_ISOLATE_THREAD,
-	.thread_only = 1,	/* Metal is not fork-safe */
+	.isolation = BE_ISOLATE_SPAWN,
+	.no_fork = 1,	/* Metal is not fork-safe: sessions are spawned */
 	.open = mtl_open,
 	.close = mtl_close,
 	.session_open = mtl_session_open,

@@ -7,10 +7,22 @@
  * session held is returned by the kernel when that process exits. The cost
  * is one fork per connection, paid once, not per request.
  *
- * Thread isolation (the Metal backend's default, as Metal is not fork-safe):
- * each session is a thread sharing the device and the compiled-pipeline
- * cache. A crashing CPU kernel would take down the daemon in this mode,
- * which is why the CPU backend does not use it unless asked.
+ * Spawned processes (the Metal backend's process isolation, and its
+ * default; --isolation spawn for the CPU backend): Metal is not fork-safe
+ * once the device is open, so each session is a fresh process of the same
+ * binary, started with posix_spawn and handed the connection and the
+ * descriptors of what a forked session would inherit (procspawn.c). It opens
+ * the device itself, so a GPU that macOS revokes from one session's
+ * process (after its work hangs) ends that session only. The cost, a new
+ * process and device per session, was measured on the Metal emulator at a
+ * few ms more at session start than a thread (bench/session_spawn.py,
+ * docs/metal.md); the CPU backend keeps fork, cheaper still.
+ *
+ * Thread isolation (--isolation thread): each session is a thread sharing
+ * the device and, for Metal, the compiled-pipeline cache. A crashing CPU
+ * kernel would take down the daemon in this mode, which is why the CPU
+ * backend does not use it unless asked; for Metal, a GPU lost to the
+ * process is lost to every session, and the runner exits.
  *
  * The session table, its memory limits and the authentication penalty
  * are slots.c's; this file takes a slot for each connection and frees it.
@@ -52,6 +64,7 @@
 #include "resume.h"
 #include "session.h"
 #include "slots.h"
+#include "procspawn.h"
 
 struct thread_arg {
 	const struct mr_server_ctx *ctx;
@@ -101,6 +114,16 @@ mr_config_defaults(struct mr_config *cfg)
 	cfg->cache_size = (uint64_t)4 << 30;
 	cfg->resume_grace = 60;
 	cfg->resume_log = 4 << 20;
+}
+
+enum be_isolation
+mr_isolation(const struct mr_config *cfg, const struct backend *be)
+{
+	enum be_isolation iso = cfg->isolation ? cfg->isolation :
+	    be->isolation;
+
+	return iso == BE_ISOLATE_PROCESS && be->no_fork ? BE_ISOLATE_SPAWN :
+	    iso;
 }
 
 const struct backend *
@@ -186,6 +209,9 @@ reap(int block)
 		else if (WEXITSTATUS(status) == 4)
 			log_warn("session %u ended: a kernel ran past the time "
 			    "limit", sl->id);
+		else if (WEXITSTATUS(status) == 5)
+			log_warn("session %u ended: the device was lost to its "
+			    "process; the other sessions go on", sl->id);
 		peer_route_close((int)i);
 		slot_free((int)i);
 		nactive--;
@@ -219,15 +245,9 @@ session_thread(void *arg)
 }
 
 static void
-session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
+session_process(struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
     int slot, const char *peer)
 {
-	struct sigaction sa;
-	sigset_t none;
-	int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGALRM };
-	char err[PROTO_ERRLEN];
-	size_t i;
-
 	close(lfd);
 	resume_child();
 	peer_route_forked(slot, 1);
@@ -238,12 +258,27 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 || getppid() == 1)
 		_exit(1);
 #endif
+	server_session_run(ctx, fd, id, slot, peer, 0);
+}
+
+void
+server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
+    const char *peer, int open_be)
+{
+	static struct be_info info;
+	struct sigaction sa;
+	sigset_t none;
+	int sigs[] = { SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS, SIGALRM };
+	char err[PROTO_ERRLEN];
+	size_t i;
+
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = SIG_DFL;
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	sa.sa_handler = SIG_IGN;	/* a reload is the runner's business */
 	sigaction(SIGHUP, &sa, NULL);
+	sigaction(SIGPIPE, &sa, NULL);
 	/* The mask is the forking thread's: a program embedding the runner
 	 * may block SIGTERM there to sigwait() for it, and stop_sessions()
 	 * must still end this process with it. */
@@ -254,22 +289,43 @@ session_process(const struct mr_server_ctx *ctx, int lfd, int fd, uint32_t id,
 	 * child. Without one the session runs without the cache. */
 	if (cache_enabled() && cache_helper_start(ctx->cfg, fd, err) == -1)
 		log_warn("session %u: no cache for this session: %s", id, err);
-	sa.sa_handler = sess_crash_signal;
-	sigemptyset(&sa.sa_mask);
-	sa.sa_flags = SA_NODEFER | SA_RESETHAND;
-	for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
-		sigaction(sigs[i], &sa, NULL);
-	sess_crash_handlers = 1;
+	/* A spawned session opens its own device, after that fork: Metal
+	 * must not be open in a process that forks. */
+	if (open_be) {
+		if (ctx->be->open(&info, ctx->cfg->device, err) == -1) {
+			log_warn("session %u: cannot open the %s backend: %s",
+			    id, ctx->be->name, err);
+			refuse(fd, PROTO_EDEVICE, "the runner cannot open the "
+			    "device for this session; its log says why");
+			_exit(1);
+		}
+		ctx->info = &info;
+	}
+	/* CPU kernels run here; a GPU's faults come back from its driver,
+	 * whose own handlers (the emulator's) must stay. */
+	if (!ctx->be->no_fork) {
+		sa.sa_handler = sess_crash_signal;
+		sigemptyset(&sa.sa_mask);
+		sa.sa_flags = SA_NODEFER | SA_RESETHAND;
+		for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+			sigaction(sigs[i], &sa, NULL);
+		sess_crash_handlers = 1;
+	}
 	/* Before the first byte from the client is read: a kernel is code
-	 * from the client, and so is anything a parser bug would run. */
-	if (peer_broker_attach(err) == -1 ||
-	    confine_session(ctx->cfg, err) == -1) {
+	 * from the client, and so is anything a parser bug would run. A
+	 * backend that cannot fork is a driver not made for a filter. */
+	if (peer_broker_attach(err) == -1 || (!ctx->be->no_fork &&
+	    confine_session(ctx->cfg, err) == -1)) {
 		log_warn("session %u: %s", id, err);
 		refuse(fd, PROTO_EDEVICE, "the runner cannot start a confined "
 		    "session; its log says why");
 		_exit(1);
 	}
 	sess_serve(ctx, fd, id, slot, peer);
+	/* Its own device's loss is this session's alone: the runner goes on
+	 * (the session told its client why). */
+	if (ctx->be->lost != NULL && ctx->be->lost() != NULL)
+		_exit(5);
 	_exit(0);
 }
 
@@ -307,13 +363,13 @@ device_lost(const struct mr_server_ctx *ctx)
  * second later has both sides shut, as for any stop.
  */
 static void
-stop_sessions(enum be_isolation iso, int lost)
+stop_sessions(int processes, int lost)
 {
 	uint32_t i;
 	time_t deadline = time(NULL) + 5;
 	int64_t lost_deadline;
 
-	if (iso == BE_ISOLATE_PROCESS) {
+	if (processes) {
 		for (i = 0; i < slot_count(); i++)
 			if (slot_get(i)->busy && slot_get(i)->pid > 0)
 				kill(slot_get(i)->pid, SIGTERM);
@@ -382,11 +438,10 @@ serve(const struct mr_config *cfg)
 		log_warn("no backend named %s in this build", cfg->backend);
 		return -1;
 	}
-	iso = cfg->isolation ? cfg->isolation : ctx.be->isolation;
-	if (iso == BE_ISOLATE_PROCESS && ctx.be->thread_only) {
-		log_warn("the %s backend cannot isolate sessions in processes: "
-		    "its device is not fork-safe (a process forked after it is "
-		    "opened must not use it); use --isolation thread",
+	iso = mr_isolation(cfg, ctx.be);
+	if (iso == BE_ISOLATE_SPAWN && cfg->argv == NULL) {
+		log_warn("%s: spawned session processes need the runner's "
+		    "command line (mr_config argv); use --isolation thread",
 		    ctx.be->name);
 		return -1;
 	}
@@ -394,16 +449,23 @@ serve(const struct mr_config *cfg)
 	 * program gets them as the command line does. */
 	if (confine_init(cfg) == -1)
 		return -1;
+	/* Confined session processes make peer connections through the
+	 * broker (peer_net.c); without it they copy through the client.
+	 * Forked before the device is opened: Metal's must not be open in a
+	 * process that forks. */
+	if (iso != BE_ISOLATE_THREAD && peer_broker_start(cfg, -1, err) == -1)
+		log_warn("%s; copies between runners go through clients", err);
 	if (ctx.be->open(&info, cfg->device, err) == -1) {
 		log_warn("cannot open the %s backend: %s", ctx.be->name, err);
+		peer_broker_stop();
 		return -1;
 	}
 	ctx.info = &info;
 	/* A cache that cannot work is no reason not to serve: said once
 	 * here, and CAP_CACHE is not offered. */
 	if (cfg->cache_dir != NULL && !cache_enabled() &&
-	    cache_open(cfg->cache_dir, cfg->cache_size, iso ==
-	    BE_ISOLATE_PROCESS ? 1 : cfg->max_sessions, err) == -1)
+	    cache_open(cfg->cache_dir, cfg->cache_size, iso !=
+	    BE_ISOLATE_THREAD ? 1 : cfg->max_sessions, err) == -1)
 		log_warn("cache: %s; running without the cache", err);
 	/* By default a burst of as many clients as there may be sessions can
 	 * all be in their handshake, and a few more. */
@@ -444,13 +506,9 @@ serve(const struct mr_config *cfg)
 	fprintf(stderr, "metal_runner %s: backend %s (%s, %s %s%s), %s "
 	    "isolation, listening on %s:%d\n", MR_VERSION, ctx.be->name,
 	    info.name, info.arch, info.backend == PROTO_BACKEND_METAL ?
-	    "macOS " : "", info.cpu, iso == BE_ISOLATE_PROCESS ?
-	    "process" : "thread", cfg->host, port);
-	/* Confined session processes make peer connections through the
-	 * broker (peer_net.c); without it they copy through the client. */
-	if (iso == BE_ISOLATE_PROCESS &&
-	    peer_broker_start(cfg, lfd, err) == -1)
-		log_warn("%s; copies between runners go through clients", err);
+	    "macOS " : "", info.cpu, iso == BE_ISOLATE_THREAD ? "thread" :
+	    iso == BE_ISOLATE_SPAWN ? "process (spawned)" : "process",
+	    cfg->host, port);
 	if (cfg->on_listen != NULL)
 		cfg->on_listen(cfg->host, port, cfg->on_listen_arg);
 
@@ -465,7 +523,7 @@ serve(const struct mr_config *cfg)
 	while (!stopping && device_lost(&ctx) == NULL) {
 		int fd, slot, n, i, nctl, nfds, full;
 
-		if (iso == BE_ISOLATE_PROCESS)
+		if (iso != BE_ISOLATE_THREAD)
 			reap(0);
 		if (hup && cfg->on_hup != NULL) {
 			hup = 0;
@@ -545,13 +603,19 @@ serve(const struct mr_config *cfg)
 			log_warn("session %u: no control socket (%s): it cannot "
 			    "be resumed", next_id, strerror(errno));
 		peer_route_open(slot, next_id);
-		if (iso == BE_ISOLATE_PROCESS) {
-			pid_t pid = fork();
-			if (pid == 0)
+		if (iso != BE_ISOLATE_THREAD) {
+			pid_t pid;
+			if (iso == BE_ISOLATE_SPAWN) {
+				pid = spawn_session(cfg, fd, next_id, slot, peer,
+				    err);
+			} else if ((pid = fork()) == 0)
 				session_process(&ctx, lfd, fd, next_id, slot,
 				    peer);
+			else if (pid == -1)
+				snprintf(err, sizeof(err), "fork: %s",
+				    strerror(errno));
 			if (pid == -1) {
-				log_warn("fork: %s", strerror(errno));
+				log_warn("session %u: %s", next_id, err);
 				refuse(fd, PROTO_ENOMEM, "cannot start a session");
 				resume_forked(slot);
 				peer_route_close(slot);
@@ -603,7 +667,7 @@ serve(const struct mr_config *cfg)
 		log_notice("stopping: %d sessions open", nactive);
 	close(lfd);
 	lfd = -1;
-	stop_sessions(iso, lost != NULL);	/* returns with none left */
+	stop_sessions(iso != BE_ISOLATE_THREAD, lost != NULL);	/* none left */
 	resume_close();
 	/* Exit non-zero after a loss, so that launchd (KeepAlive:
 	 * SuccessfulExit false) or systemd (Restart=on-failure) restarts the

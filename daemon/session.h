@@ -315,6 +315,10 @@ int peer_recv_all(int fd, void *buf, size_t n);
 int peer_broker_start(const struct mr_config *cfg, int lfd, char *err);
 void peer_broker_stop(void);
 int peer_broker_attach(char *err);
+/* Spawned session processes (procspawn.c): the broker's socket to hand down,
+ * or -1; and the session's side, which takes it. */
+int peer_broker_fd(void);
+void peer_broker_adopt(int fd);
 
 /* peer_route.c: the inboxes of this runner's sessions */
 int peer_routes_init(uint32_t nslots);
@@ -322,6 +326,9 @@ void peer_routes_free(void);
 void peer_route_open(int slot, uint32_t id);
 void peer_route_close(int slot);
 void peer_route_forked(int slot, int child);
+int peer_route_fds(int slot, int *r, uint32_t *ids, int *w, int max);
+int peer_route_adopt(uint32_t nslots, int slot, int r, const uint32_t *ids,
+    const int *w, int n);
 int peer_inbox(int slot);
 int peer_handoff(uint32_t session, const uint8_t *frame, size_t len, int fd,
     char *err);

@@ -3,17 +3,20 @@
  * buffer memory, the number of established sessions, the pace of failed
  * authentications and of log lines about refused handshakes.
  *
- * The table is a shared anonymous mapping, one slot per connection plus
- * the totals, so the limits hold across session processes (process
- * isolation) and a dead process's share is returned by the parent.
+ * The table is shared memory (shm.c), one slot per connection plus the
+ * totals, so the limits hold across session processes (process
+ * isolation: forked, or spawned and handed its descriptor, slot_fd) and a
+ * dead process's share is returned by the parent.
  * server.c takes a slot for each connection it accepts and frees it; the
  * session moves its slot from its handshake to the session count
  * (mr_session_admit), reserves and releases memory and pays the
  * authentication penalty here, and needs nothing of server.c.
  */
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -23,6 +26,7 @@
 #include "metal_runner.h"
 #include "monotime.h"
 #include "proto.h"
+#include "shm.h"
 #include "slots.h"
 
 struct shared {
@@ -39,6 +43,7 @@ struct shared {
 
 static struct shared *shared;
 static size_t shared_len;
+static int shared_fd = -1;
 
 /* Every connection has a slot from accept to close, so the table holds
  * the sessions and the handshakes; which of them a slot is, is its stage. */
@@ -49,11 +54,14 @@ slot_init(uint32_t nsessions, uint32_t nstartups, uint64_t limit)
 	size_t len = sizeof(*shared) + nslots * sizeof(struct slot);
 	struct shared *sh;
 	uint32_t i;
+	int fd;
 
-	sh = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANON,
-	    -1, 0);
-	if (sh == MAP_FAILED)
+	if ((fd = shm_anon(len)) == -1)
 		return -1;
+	if ((sh = shm_map(fd, len)) == NULL) {
+		close(fd);
+		return -1;
+	}
 	sh->limit = limit;
 	sh->max_sessions = nsessions;
 	sh->nslots = nslots;
@@ -61,6 +69,34 @@ slot_init(uint32_t nsessions, uint32_t nstartups, uint64_t limit)
 		sh->slots[i].fd = sh->slots[i].ctl = -1;
 	shared = sh;
 	shared_len = len;
+	shared_fd = fd;
+	return 0;
+}
+
+int
+slot_fd(void)
+{
+	return shared_fd;
+}
+
+int
+slot_attach(int fd)
+{
+	struct stat st;
+	struct shared *sh;
+
+	if (fstat(fd, &st) == -1 || (size_t)st.st_size < sizeof(*sh) ||
+	    (sh = shm_map(fd, (size_t)st.st_size)) == NULL)
+		return -1;
+	if (sizeof(*sh) + sh->nslots * sizeof(struct slot) >
+	    (size_t)st.st_size) {
+		munmap(sh, (size_t)st.st_size);
+		errno = EINVAL;
+		return -1;
+	}
+	close(fd);	/* the mapping stays */
+	shared = sh;
+	shared_len = (size_t)st.st_size;
 	return 0;
 }
 
@@ -285,5 +321,9 @@ slot_unmap(void)
 	if (shared != NULL) {
 		munmap(shared, shared_len);
 		shared = NULL;
+	}
+	if (shared_fd != -1) {
+		close(shared_fd);
+		shared_fd = -1;
 	}
 }

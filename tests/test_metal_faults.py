@@ -51,7 +51,8 @@ def test_compile_options_are_explicit():
   assert opts == "languageVersion=4.0, mathMode=safe, mathFloatingPointFunctions=precise", opts
 
 # *** a: a lost GPU (MTLCommandBufferError AccessRevoked 4, NotPermitted 7, DeviceRemoved 11: every later command buffer of the
-# process fails) stops the runner, which says why to every session and exits non-zero, for its service manager to restart it
+# process fails) stops a runner with thread isolation, which says why to every session and exits non-zero, for its service
+# manager to restart it. (Spawned session processes, the default, lose only their own: tests/test_metal_isolation.py.)
 
 def final_error(c:Raw) -> tuple[int, int, str]:
   """The Rerror that ends a connection, then its end."""
@@ -61,7 +62,7 @@ def final_error(c:Raw) -> tuple[int, int, str]:
 
 @pytest.mark.parametrize("code,name", [(4, "AccessRevoked"), (7, "NotPermitted"), (11, "DeviceRemoved")])
 def test_gpu_loss_stops_the_runner(code, name):
-  r = emulated(METAL_EMU_FAIL=f"{code}@2")
+  r = emulated("--isolation", "thread", METAL_EMU_FAIL=f"{code}@2")
   try:
     idle, c = Raw(r.addr), Raw(r.addr)          # idle: a session that only waits for its next request
     c.alloc(1, 64); c.alloc(2, 64)
@@ -87,7 +88,7 @@ def test_gpu_loss_stops_the_runner(code, name):
 def test_gpu_loss_found_by_a_later_request():
   # the loss is found when the failed command buffer is reaped: a pipelined launch's failure reaches the next request
   # that waits (here Tsync), which gets the EDEVICE naming the loss
-  r = emulated(METAL_EMU_FAIL="11@1")
+  r = emulated("--isolation", "thread", METAL_EMU_FAIL="11@1")
   try:
     c = Raw(r.addr)
     c.alloc(1, 64); c.alloc(2, 64)
@@ -108,7 +109,7 @@ def test_the_python_client_reports_the_loss_and_does_not_try_to_resume():
   runner's last word (the tag-0 EDEVICE) as the reason the connection is gone, rather than trying to resume a session the exiting
   runner no longer holds and reporting only that nothing listens."""
   from client.connection import Runner, RunnerError
-  r = emulated(METAL_EMU_FAIL="11@2")
+  r = emulated("--isolation", "thread", METAL_EMU_FAIL="11@2")
   try:
     c = Runner(r.addr)
     assert c.info.caps & P.CAP_RESUME

@@ -3,6 +3,9 @@
   pytest tests/conformance                                  starts its own CPU runners, once per isolation mode (process, thread)
   pytest tests/conformance --runner HOST:PORT [--token-file FILE] [--runner-isolation process]
                                                             checks a runner already running
+  METAL_RUNNER_BIN=daemon/metal_runner_emu pytest tests/conformance --backend metal
+                                                            starts Metal runners (here: on the Metal emulator, a test harness)
+                                                            instead: process isolation is then spawned session processes
 
 Against a runner named by --runner, a case that needs what cannot be arranged from outside (a runner option, a crash, a token)
 skips and says why; a runner that does not answer fails every case.
@@ -16,18 +19,21 @@ def pytest_addoption(parser):
   g.addoption("--runner", metavar="HOST:PORT", help="check this runner, already running, instead of starting runners")
   g.addoption("--token-file", metavar="FILE", help="the token of the runner named by --runner (trailing CR/LF removed)")
   g.addoption("--runner-isolation", choices=("process", "thread"), help="the isolation mode of the runner named by --runner, if known")
+  g.addoption("--backend", choices=("cpu", "metal"), default="cpu", help="the backend of the runners this suite starts (default cpu)")
+  g.addoption("--isolations", default="process,thread", help="the --isolation modes of the runners this suite starts, comma-separated "
+              "(default process,thread; spawn: CPU sessions spawned as Metal's are)")
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "section(*names): the protocol.md sections a conformance case checks")
 
 def pytest_generate_tests(metafunc):
   if "target" in metafunc.fixturenames:
-    ids = ["external"] if metafunc.config.getoption("--runner", None) else ["process", "thread"]
+    ids = ["external"] if metafunc.config.getoption("--runner", None) else metafunc.config.getoption("--isolations").split(",")
     metafunc.parametrize("target", ids, indirect=True, scope="session")
 
 @pytest.fixture(scope="session")
-def pool():
-  p = Pool()
+def pool(request):
+  p = Pool(request.config.getoption("--backend"))
   yield p
   p.close()
 

@@ -100,14 +100,15 @@ class Target:
     return self
 
   def needs_process_isolation(self):
-    if self.backend != "cpu": pytest.skip(f"a {self.backend} runner uses thread isolation: kernels cannot crash a session from outside")
+    if self.backend != "cpu": pytest.skip(f"a {self.backend} runner's kernels are GPU code: they cannot crash a session's process")
     if self.isolation is None: pytest.skip("needs a CPU runner known to use process isolation (pass --runner-isolation process): "
                                            "a crashing kernel would take down a thread-isolated runner")
-    if self.isolation != "process": pytest.skip("needs process isolation; this runner uses thread isolation")
+    if self.isolation not in ("process", "spawn"): pytest.skip("needs process isolation; this runner uses thread isolation")
 
 class Pool:
   """Runners this suite starts, on 127.0.0.1 with free ports, stopped by pid at the end of the test session."""
-  def __init__(self):
+  def __init__(self, backend:str="cpu"):
+    self.backend = backend
     self.runners: dict = {}
     self.procs: list = []
     self._dir = None
@@ -121,7 +122,7 @@ class Pool:
 
   def start(self, isolation:str, opts:tuple[str, ...], nofile:int|None=None):
     from runner_proc import RunnerProc
-    args = ("--backend", "cpu", "--isolation", isolation, *opts)
+    args = ("--backend", self.backend, "--isolation", isolation, *opts)
     try: r = RunnerProc(*args, nofile=nofile)
     except (RuntimeError, subprocess.CalledProcessError, OSError) as e: pytest.fail(f"cannot start metal_runner {' '.join(args)}: {e}")
     token = TOKEN if "--token-file" in opts else None

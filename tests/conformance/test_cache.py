@@ -299,7 +299,7 @@ def test_sessions_share_a_small_open_file_budget_fairly(target, tmp_path):
   sessions (thread isolation), of which each may always take 256 // 6 = 42 and the first to want more takes the other 130 too."""
   if target.external: pytest.skip("needs a runner of its own started with a small open-file limit")
   budget, n = 512 - 256, 300
-  sessions = 1 if target.isolation == "process" else 3
+  sessions = 1 if target.isolation in ("process", "spawn") else 3
   share = budget // (2 * sessions)
   want = [budget] * 3 if sessions == 1 else [budget - 2 * share, share, share]
   contents = [os.urandom(16) for _ in range(n)]

@@ -192,6 +192,22 @@ injected_failure(unsigned long seq)
 	return n == seq ? code : 0;
 }
 
+/* METAL_EMU_REVOKE=NAME: a command buffer that dispatches kernel NAME fails
+ * with AccessRevoked (4), as when macOS takes the GPU from a process whose
+ * work hung; so the GPU is lost to this process only, as on a Mac. */
+static long
+revoked_by(EmuCommandBuffer *cb)
+{
+	const char *v = getenv("METAL_EMU_REVOKE");
+	size_t i;
+
+	for (i = 0; v != NULL && *v != '\0' && i < cb->ncmds; i++)
+		if (cb->cmds[i].type == CMD_DISPATCH &&
+		    strcmp(cb->cmds[i].pipe->k->name, v) == 0)
+			return EMU_ERR_ACCESS_REVOKED;
+	return 0;
+}
+
 static void
 cmd_release(struct emu_cmd *c)
 {
@@ -675,7 +691,8 @@ run(EmuCommandBuffer *cb)
 	if (cb->invalid[0] != '\0')
 		snprintf(err, sizeof(err), "%s", cb->invalid);
 	else if ((lost = atomic_load(&emu_lost)) != 0 ||
-	    (code = injected_failure(cb->seq)) != 0) {
+	    (code = injected_failure(cb->seq)) != 0 ||
+	    (code = revoked_by(cb)) != 0) {
 		/* A lost GPU runs nothing more for this process, and code 4,
 		 * 7 or 11 loses it. */
 		if (lost != 0)
@@ -688,7 +705,7 @@ run(EmuCommandBuffer *cb)
 		    "aborted due to an error during execution. %s [emulated: "
 		    "MTLCommandBufferError %ld, %s]", fail_text(code), code,
 		    lost != 0 ? "the GPU is lost to this process" :
-		    "injected by METAL_EMU_FAIL");
+		    "injected by METAL_EMU_FAIL or METAL_EMU_REVOKE");
 	} else
 		code = 1;
 	for (i = 0; err[0] == '\0' && i < cb->ncmds; i++) {

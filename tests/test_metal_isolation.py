@@ -1,0 +1,94 @@
+# Metal sessions in processes of their own (issue 26, item 6; daemon/procspawn.c): by default each session of a Metal runner is a
+# fresh process of the runner started with posix_spawn, so a GPU that macOS takes from one session's process (AccessRevoked,
+# after its work hangs) ends that session only; with --isolation thread every session is a thread of one process, and the
+# same loss ends them all. On Linux this runs on the Metal emulator (tests/metal_emulator, a test harness), whose
+# METAL_EMU_REVOKE=NAME revokes the GPU from the process that runs kernel NAME; no Mac has run it. Against a Mac's runner
+# (METAL_RUNNER) these tests skip: they start runners of their own with the emulator's knob.
+import os, pathlib, struct
+import pytest
+from conftest import metal_runner_proc, needs_own_metal_runner
+from client import protocol as P
+from wire import Raw
+
+pytestmark = pytest.mark.metal
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+IDS = "uint3 gid [[threadgroup_position_in_grid]], uint3 lid [[thread_position_in_threadgroup]]"
+ADD1 = HEAD + f"kernel void add1(device float* out, device float* a, {IDS}) {{ out[gid.x] = a[gid.x] + 1.0f; }}\n"
+# the kernel whose command buffer the emulator fails with AccessRevoked (METAL_EMU_REVOKE=hang), as a Mac would one that hung
+HANG = HEAD + f"kernel void hang(device float* out, {IDS}) {{ out[0] = 1.0f; }}\n"
+
+def load(c:Raw, prog:int, src:str, nbufs:int):
+  c.load(prog, src.encode(), src.split("kernel void ", 1)[1].split("(", 1)[0], nbufs=nbufs, nvals=0, arch=0, kind=P.PROG_METAL_SOURCE)
+
+def add1(c:Raw) -> list[float]:
+  """One waited add1 launch over buffers 1 and 2 of c: what it wrote, or fails with the Rerror."""
+  tag = c.launch(1, [(1, 0), (2, 0)], (), (4, 1, 1), (1, 1, 1), wait=True)
+  t, f, p = c.frame()
+  assert t == P.RLAUNCH and f["tag"] == tag, (P.TYPE_NAMES.get(t), f, p)
+  return list(struct.unpack("<4f", c.read(1, 0, 16)))
+
+def session(addr:str) -> Raw:
+  c = Raw(addr)
+  c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, struct.pack("<4f", 1, 2, 3, 4))
+  load(c, 1, ADD1, 2)
+  return c
+
+def session_pids(runner_pid:int) -> list[int]:
+  """The runner's children that are spawned session processes (Linux /proc)."""
+  out = []
+  for d in pathlib.Path("/proc").iterdir():
+    if not d.name.isdigit(): continue
+    try:
+      stat = (d / "stat").read_text()
+      if int(stat.rsplit(")", 1)[1].split()[1]) == runner_pid and b"--session-spawn" in (d / "cmdline").read_bytes(): out.append(int(d.name))
+    except (OSError, ValueError, IndexError): pass
+  return out
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="counts processes in /proc")
+@pytest.mark.parametrize("iso", [None, "process", "thread"])
+def test_a_metal_session_is_a_process_of_its_own_unless_thread_isolation_is_asked(iso):
+  needs_own_metal_runner()
+  r = metal_runner_proc(*(("--isolation", iso) if iso else ()))
+  try:
+    a, b = session(r.addr), session(r.addr)
+    assert add1(a) == add1(b) == [2.0, 3.0, 4.0, 5.0]
+    pids = session_pids(r.proc.pid)
+    if iso == "thread":
+      assert pids == [] and "thread isolation" in r.log_text(0)
+    else:   # the default, and what process isolation means for Metal (it cannot fork): spawned, one process per session
+      assert len(pids) == 2 and "process (spawned) isolation" in r.log_text(0), (pids, r.log_text(0))
+    a.close(); b.close()
+  finally:
+    r.stop()
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_revoked_gpu_access_ends_only_its_session_with_process_isolation(iso):
+  needs_own_metal_runner()
+  r = metal_runner_proc("--isolation", iso, env={"METAL_EMU_REVOKE": "hang"})
+  try:
+    other, bad = session(r.addr), session(r.addr)
+    assert add1(other) == [2.0, 3.0, 4.0, 5.0]
+    load(bad, 2, HANG, 1)
+    tag = bad.launch(2, [(1, 0)], (), (1, 1, 1), (1, 1, 1), wait=True)
+    code, etag, text = bad.error()
+    assert (code, etag) == (P.EDEVICE, tag) and "MTLCommandBufferErrorAccessRevoked (4)" in text and "lost" in text, text
+    code, etag, text = bad.error()        # its session ends, saying why
+    assert (code, etag) == (P.EDEVICE, 0) and "AccessRevoked" in text and bad.closed(), text
+    if iso == "process":
+      # the other session's process still has the GPU: it goes on running kernels, and the runner takes new sessions
+      other.write(2, 0, struct.pack("<4f", 10, 20, 30, 40))
+      assert add1(other) == [11.0, 21.0, 31.0, 41.0]
+      third = session(r.addr)
+      assert add1(third) == [2.0, 3.0, 4.0, 5.0]
+      third.close(); other.close()
+      assert r.alive()
+      r.wait_log("ended: the device was lost to its process; the other sessions go on")
+    else:
+      # one process: the loss is every session's, and the runner exits for its service manager to restart it
+      code, etag, text = other.error()
+      assert (code, etag) == (P.EDEVICE, 0) and "AccessRevoked" in text and other.closed(), text
+      r.proc.wait(timeout=10)
+      assert r.proc.returncode == 1
+  finally:
+    r.stop()
