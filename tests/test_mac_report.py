@@ -7,8 +7,8 @@ import pytest
 from conftest import ROOT, needs_own_metal_runner
 import mac_report
 
-# test_process_isolation_refused skips in the first pass (its own runner); the graph run's misaligned offset is one refusal in the tests
-SELECTION = "test_hello or test_int_matmul or test_process_isolation_refused or test_offset_not_aligned_in_a_graph_run_is_einval"
+# test_process_isolation_spawns skips in the first pass (its own runner); the graph run's misaligned offset is one refusal in the tests
+SELECTION = "test_hello or test_int_matmul or test_process_isolation_spawns or test_offset_not_aligned_in_a_graph_run_is_einval"
 
 def table(report:str, header:str) -> list[list[str]]:
   """The rows of the Markdown table whose header line starts with header, as cells (escaped pipes kept inside their cell)."""
@@ -50,7 +50,7 @@ def test_report_on_linux(tmp_path):
   assert machine["tinygrad, reference"][0].startswith("CPU:") and machine["tinygrad, runner"][0].startswith("METAL: MetalRenderer, arch Apple7")
   # the Metal tests: both passes, the second one for the test that starts its own runner
   assert "**4 passed, 0 failed** (of them, 1 in the second pass)." in report
-  assert "MTL_DEBUG_LAYER=1 pytest -m metal" in report and "tests/test_metal_backend.py::test_process_isolation_refused` (exit status 0" in report
+  assert "MTL_DEBUG_LAYER=1 pytest -m metal" in report and "tests/test_metal_backend.py::test_process_isolation_spawns` (exit status 0" in report
   # every computation, within tolerance; the matmuls used simdgroup matrices on the runner (tensor cores: METAL only), none on the CPU
   rows = {row[0]: row for row in table(report, "| computation | what | result |")}
   assert list(rows) == [name for name, *_ in mac_report.CASES]
@@ -97,12 +97,12 @@ def test_junit_to_node_ids(tmp_path):
   xml = tmp_path / "j.xml"
   xml.write_text('<testsuites><testsuite><testcase classname="tests.test_metal_backend" name="test_hello" time="0.1"/>'
                  '<testcase classname="tests.test_tinygrad_metal" name="test_matmul[1-1-1-float32]"><failure message="assert 1 == 2">'
-                 'long traceback</failure></testcase><testcase classname="tests.test_metal_backend" name="test_process_isolation_refused">'
+                 'long traceback</failure></testcase><testcase classname="tests.test_metal_backend" name="test_process_isolation_spawns">'
                  f'<skipped type="pytest.skip" message="{mac_report.OWN_RUNNER_SKIP}"/></testcase></testsuite></testsuites>')
   cases = mac_report.junit(xml)
   assert [(c["id"], c["outcome"]) for c in cases] == [("tests/test_metal_backend.py::test_hello", "passed"),
                                                       ("tests/test_tinygrad_metal.py::test_matmul[1-1-1-float32]", "failed"),
-                                                      ("tests/test_metal_backend.py::test_process_isolation_refused", "skipped")]
+                                                      ("tests/test_metal_backend.py::test_process_isolation_spawns", "skipped")]
   tests = {"first": {"cases": cases, "cmd": "pytest", "exit": 1, "seconds": 1, "output": ""}, "second": None}
   rep = mac_report.Report(None, [], {"ok": True}, None, tests, None, [])
   rep.tests_section()
