@@ -13,19 +13,21 @@ LOAD = textwrap.dedent("""
   n, mb, gap = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
   w = [Tensor(np.full((mb << 18,), i, np.float32)).realize() for i in range(n) if not time.sleep(gap)]
   assert all(int(t[0].item()) == i for i, t in enumerate(w))
-  print("loaded", file=sys.stderr)
+  print("loaded on", w[0].device, file=sys.stderr)
 """)
 
 def run(tmp_path, addr:str, args, tty:bool, progress:str|None) -> str:
   """The program's stderr, from a pty when tty, else from a pipe."""
   (script := tmp_path / "load.py").write_text(LOAD)
-  env = {**os.environ, "PYTHONPATH": ROOT, "METAL_RUNNER_CACHE": "0"}
+  # DEV set would keep the program on that device (client run honours it): tinygrad sets it in this process's environment when a test
+  # here sets Device.DEFAULT (tinygrad/device.py), so it goes, as conftest.run_python drops it
+  env = {**{k: v for k, v in os.environ.items() if k not in ("DEV", "DEBUG", "BEAM")}, "PYTHONPATH": ROOT, "METAL_RUNNER_CACHE": "0"}
   env.pop("METAL_RUNNER_PROGRESS", None)
   if progress is not None: env["METAL_RUNNER_PROGRESS"] = progress
   argv = [sys.executable, "-m", "client", "run", "--runner", addr, str(script), *map(str, args)]
   if not tty:
     p = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120)
-    assert p.returncode == 0, p.stderr.decode()
+    assert p.returncode == 0 and "loaded on REMOTE" in p.stderr.decode(), p.stderr.decode()   # on the runner: else nothing to show
     return p.stderr.decode()
   m, s = pty.openpty()
   p = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=s)
@@ -37,7 +39,7 @@ def run(tmp_path, addr:str, args, tty:bool, progress:str|None) -> str:
     if not b: break
     out += b
   os.close(m)
-  assert p.wait(60) == 0, out.decode(errors="replace")
+  assert p.wait(60) == 0 and b"loaded on REMOTE" in out, out.decode(errors="replace")
   return out.decode(errors="replace")
 
 def test_long_upload_shows_progress_on_a_terminal(tmp_path, cpu_runner):
@@ -46,7 +48,7 @@ def test_long_upload_shows_progress_on_a_terminal(tmp_path, cpu_runner):
   bars = [ln for ln in lines if ln.startswith("upload to runner:")]
   assert len(bars) >= 2, err   # redrawn as it goes
   # the last line has every byte (24 x 16 MiB), the rate, and ends the line at the program's next read, before it prints
-  assert re.fullmatch(r"upload to runner: 403MB \[[\d:]+, [\d.]+[kMG]?B/s\]\nloaded\n", lines[-1]), err
+  assert re.fullmatch(r"upload to runner: 403MB \[[\d:]+, [\d.]+[kMG]?B/s\]\nloaded on REMOTE\n", lines[-1]), err
 
 def test_one_large_write_shows_time_left(tmp_path, cpu_runner):
   err = run(tmp_path, cpu_runner, (1, 768, 0), True, "0.02")   # one tensor: its size is the upload's total
@@ -55,7 +57,7 @@ def test_one_large_write_shows_time_left(tmp_path, cpu_runner):
 
 def test_no_progress_on_a_pipe(tmp_path, cpu_runner):
   err = run(tmp_path, cpu_runner, (24, 16, 0), False, "0.05")
-  assert "loaded" in err and "upload to runner" not in err and "\r" not in err, err
+  assert "loaded on REMOTE" in err and "upload to runner" not in err and "\r" not in err, err
 
 def test_no_progress_when_off_short_or_mostly_not_uploading(tmp_path, cpu_runner):
   assert "upload to runner" not in run(tmp_path, cpu_runner, (24, 16, 0), True, "0")      # METAL_RUNNER_PROGRESS=0
