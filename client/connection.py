@@ -205,6 +205,21 @@ def _hasher():
     import concurrent.futures
     _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metal_runner-hash")
   return _pool
+def _hash_groups(groups:list) -> list:
+  """Futures of each group's digests (write_cached): the later groups hashed by the hashing thread, ahead of the sender, the first here,
+  meanwhile, as the sender needs it at once; here too once the interpreter has shut its thread pools down (a write from a thread that
+  outlives the main one, or at exit), when the pool takes no more work."""
+  import concurrent.futures
+  def here(parts):
+    f: concurrent.futures.Future = concurrent.futures.Future()
+    f.set_result(_digests(parts))
+    return f
+  def ahead(parts):
+    try: return _hasher().submit(_digests, parts)
+    except RuntimeError: return here(parts)
+  rest = [ahead(parts) for parts in groups[1:]]
+  return [here(groups[0]), *rest] if groups else []
+
 def _digests(parts) -> list[bytes]:
   # each chunk is copied into a buffer the CPU caches hold and hashed there: on the 2-vCPU VM of docs/cache.md, 1.4 GB/s against 1.1
   # hashing the caller's memory in place (hashing alone leaves the memory's latency unhidden; a copy streams)
@@ -412,12 +427,12 @@ class Runner:
     mv, chunk = memoryview(data).cast("B"), min(chunk, self.maxmsg - P.MSGS[P.TWRITE].size)
     parts, groups, a, g = [mv[i:i+chunk] for i in range(0, len(mv), chunk)], [], 0, 1
     while a < len(parts): groups, a, g = groups + [(a, min(a + g, len(parts)))], a + g, min(2 * g, CACHE_GROUP)
-    hashes = [_hasher().submit(_digests, parts[a:b]) for a, b in groups]
+    hashes = _hash_groups([parts[a:b] for a, b in groups])
     asked: list[tuple[int, list[bytes]]|None] = [None] * len(groups)   # each group's Thave: its tag and what it asked; None: nothing
     try:
       with self._lending():
+        if groups: asked[0] = self._ask(hashes[0].result())
         for k, (a, b) in enumerate(groups):
-          if k == 0: asked[0] = self._ask(hashes[0].result())
           if k + 1 < len(groups): asked[k + 1] = self._ask(hashes[k + 1].result())
           if (q := asked[k]) is not None: self._held.update(d for d, x in zip(q[1], self._wait(q[0], P.RHAVE)["data"]) if x == 1)
           for i, (c, d) in enumerate(zip(parts[a:b], hashes[k].result()), a):

@@ -108,7 +108,7 @@ def uploads() -> Uploads|None:
   global _uploads
   try: after = float(os.environ.get("METAL_RUNNER_PROGRESS", "2"))
   except ValueError: after = 2.0
-  if after <= 0 or not sys.stderr.isatty(): return None
+  if after <= 0 or sys.stderr is None or not sys.stderr.isatty(): return None   # None: no fd 2 (started with 2>&-, pythonw)
   if _uploads is None:
     _uploads = Uploads(after)
     atexit.register(_uploads._exit)

@@ -117,12 +117,19 @@ spawn_session(const struct mr_config *cfg, int fd, uint32_t id, int slot,
 	src[FD_TOKEN] = -1;
 	if (cfg->token != NULL) {
 		/* Whole in the pipe's buffer: the token is at most 4K. */
-		if (pipe(tp) == -1 || mr_token_send(cfg, tp[1]) == -1) {
+		if (pipe(tp) == -1) {
 			snprintf(err, PROTO_ERRLEN, "cannot pass the token: %s",
 			    strerror(errno));
 			goto fail;
 		}
+		/* mr_token_send closes its end, failed or not. */
+		rc = mr_token_send(cfg, tp[1]);
 		tp[1] = -1;
+		if (rc == -1) {
+			snprintf(err, PROTO_ERRLEN, "cannot pass the token: %s",
+			    strerror(errno));
+			goto fail;
+		}
 		src[FD_TOKEN] = tp[0];
 	}
 	/* Present ones get the next place from 3; at[] says where. */
@@ -273,8 +280,7 @@ mr_spawned_session(struct mr_config *cfg, const char *spec,
 	slot = (int)v[0];
 	nw = (int)v[11];
 	/* Without the token a session would take anyone. */
-	if (cfg->token != NULL || (v[9] != -1 && read_token(cfg, (int)v[9]) ==
-	    -1)) {
+	if (v[9] != -1 && read_token(cfg, (int)v[9]) == -1) {
 		log_warn("session %ld: the runner passed no token", v[1]);
 		_exit(1);
 	}
