@@ -110,9 +110,12 @@ struct backend {
 	/* Host-visible memory of the buffer. The session reads from and writes
 	 * to the socket straight into it, after sync() when work is in flight. */
 	void *(*contents)(struct be_buffer *b);
-	/* NULL, or: the host is about to read b's contents, after sync()
-	 * (Metal without unified memory: Managed storage keeps a CPU copy
-	 * that the GPU's writes reach only when asked to). */
+	/* NULL, or: the host is about to read b's contents, or to write part
+	 * of them, after sync() (Metal without unified memory: Managed
+	 * storage keeps a CPU copy that the GPU's writes reach only when
+	 * asked to, and a CPU write marked with host_wrote may carry more of
+	 * that copy to the GPU than the range written: Apple's "Synchronizing
+	 * a Managed Resource"). */
 	int (*host_read)(struct be_session *s, struct be_buffer *b, char *err);
 	/* NULL, or: the host wrote count bytes at off into b's contents
 	 * (Managed storage: the GPU's copy takes them). */

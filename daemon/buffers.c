@@ -34,6 +34,14 @@ sess_host_read(struct session *s, struct buffer *b)
 	return s->be->host_read(s->bs, b->b, s->err);
 }
 
+/* The host is about to write count bytes into b's contents: a part of
+ * them takes the device's writes first (host_read); all of them need not. */
+int
+sess_host_writes(struct session *s, struct buffer *b, uint64_t count)
+{
+	return count < b->size ? sess_host_read(s, b) : 0;
+}
+
 /* The host wrote count bytes at offset of b's contents. */
 void
 sess_host_wrote(struct session *s, struct buffer *b, uint64_t offset,
@@ -141,8 +149,11 @@ sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
 		    "offset %llu is outside buffer %u of %llu bytes",
 		    (unsigned long long)count, (unsigned long long)offset,
 		    handle, (unsigned long long)b->size);
-	else if (b != NULL && settle(s, tag) == 0)
-		return (uint8_t *)s->be->contents(b->b) + offset;
+	else if (b != NULL && settle(s, tag) == 0) {
+		if (sess_host_writes(s, b, count) == 0)
+			return (uint8_t *)s->be->contents(b->b) + offset;
+		sess_errorf(s, tag, PROTO_EDEVICE, "%s", s->err);
+	}
 	return NULL;
 }
 

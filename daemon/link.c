@@ -500,6 +500,8 @@ link_run(struct session *s, uint32_t tag, const struct program *p,
 		return send_msg(s, tag, l, at, (uint64_t)vals[0],
 		    (uint64_t)vals[1]);
 	}
+	if (sess_host_writes(s, b, (uint64_t)vals[0]) == -1)
+		return sess_errorf(s, tag, PROTO_EDEVICE, "%s", s->err);
 	if (s->rread_refs > 0)	/* the message lands in a buffer */
 		resume_keep(s);
 	if (recv_msg(s, tag, l, at, (uint64_t)vals[0], (uint64_t)vals[1]) == -1)

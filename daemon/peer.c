@@ -349,6 +349,10 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 			goto out;
 		}
 	}
+	if (sess_host_writes(s, b, p->count) == -1) {
+		peer_refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+		goto out;
+	}
 	peer_mac(g.secret, "metal_runner peer dst", g.id, p->count, p->cnonce,
 	    mac);
 	if (peer_send_rpeer(fd, p->h.tag, 0, mac) == -1 ||

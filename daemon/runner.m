@@ -1279,7 +1279,8 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 		 * the range written marked for the GPU after).
 		 */
 		mtl_drain(s);
-		if (mtl_host_read_body(s, src, err) == -1)
+		if (mtl_host_read_body(s, src, err) == -1 || (dst != src &&
+		    count < dst->size && mtl_host_read_body(s, dst, err) == -1))
 			return -1;
 		if (span != NULL)
 			span->start = mtl_now_ns();

@@ -167,6 +167,7 @@ void sess_end(struct session *s, const char *fmt, ...)
 uint8_t *sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
     uint64_t offset, uint64_t count);
 int sess_host_read(struct session *s, struct buffer *b);
+int sess_host_writes(struct session *s, struct buffer *b, uint64_t count);
 void sess_host_wrote(struct session *s, struct buffer *b, uint64_t offset,
     uint64_t count);
 int sess_alloc(struct session *s, const struct proto_talloc *t);

@@ -71,6 +71,25 @@ def test_writes_kernels_reads_and_copies_see_each_other():
   finally:
     r.stop()
 
+def test_a_part_written_after_the_gpu_keeps_the_gpus_bytes_around_it():
+  # Metal may carry more of the CPU's copy to the GPU than the range marked (the emulator carries all of it): the runner brings the
+  # GPU's writes into the CPU's copy before it writes a part of it, by Twrite, a copy on the CPU, a peer's or a link's data
+  r = managed()
+  try:
+    c = Raw(r.addr)
+    for h in (1, 2, 3): c.alloc(h, 64)
+    c.load(1, ADD1.encode(), "add1", nbufs=2, nvals=0, arch=0, kind=P.PROG_METAL_SOURCE)
+    c.write(2, 0, struct.pack("<16f", *range(16)))
+    add1(c, 1, 1, 2, 16)                                              # the GPU writes all of 1, the host has not read it
+    c.write(1, 8, struct.pack("<2f", 100.0, 200.0))
+    assert floats(c, 1, 16) == [1.0, 2.0, 100.0, 200.0] + [i + 1.0 for i in range(4, 16)]
+    add1(c, 1, 3, 2, 16)                                              # the GPU writes all of 3; a copy on the CPU into part of it
+    copy(c, 3, 2, 2, 2, 4)                                            # not a multiple of 4: a memmove on the CPU
+    assert floats(c, 3, 16) == [0.0, 2.0] + [i + 1.0 for i in range(2, 16)]
+    c.close()
+  finally:
+    r.stop()
+
 # tinygrad end to end: TinyJit's graph (Tgraph), uploads and reads
 JIT = """
 import json, numpy as np, client.remote_metal

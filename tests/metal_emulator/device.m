@@ -434,7 +434,11 @@ unified(void)
 		    (unsigned long)range.length, (unsigned long)length);
 		abort();	/* Metal asserts */
 	}
-	memcpy(bytes + range.location, cpu + range.location, range.length);
+	/* "Metal may synchronize more than the specified part" (Apple,
+	 * Synchronizing a Managed Resource): the whole CPU copy goes, so a
+	 * runner that marks a part of a copy the GPU has written since its
+	 * last synchronization loses the GPU's writes, as it may on a Mac. */
+	memcpy(bytes, cpu, length);
 }
 - (void)dealloc
 {
