@@ -351,13 +351,46 @@ mtl_bind_add(struct mtl_binds *b, NSUInteger index, NSUInteger size,
 }
 
 /*
- * The buffer bindings of a pipeline built with reflection into b. From
- * macOS 13 reflection lists MTLBindings (MTLPipelineOptionBindingInfo), of
- * which only buffers count (not threadgroup memory or textures; the
- * built-in ids are no bindings). Before, it lists MTLArguments
- * (MTLPipelineOptionArgumentInfo, since deprecated), and each counts as a
- * buffer: tinygrad's kernels take no other kind, and one that did would be
- * refused at Tload (EPROGRAM), never misbound.
+ * -1 for a binding that is not a buffer, naming it: the runner binds
+ * buffers only (setBuffer, setBytes), so a kernel that takes threadgroup
+ * memory, a texture or a sampler as a parameter would run with it unbound
+ * (the validation layer stops the process). tinygrad declares its
+ * threadgroup memory inside the kernel, which is no binding. type is an
+ * MTLBindingType or MTLArgumentType: the two enums share these values, by
+ * number here since either name would need its own availability guard.
+ */
+static int
+mtl_bind_other(NSInteger type, NSUInteger index, char *err)
+{
+	const char *what;
+
+	switch (type) {
+	case 1:		/* ...ThreadgroupMemory */
+		what = "threadgroup memory";
+		break;
+	case 2:		/* ...Texture */
+		what = "a texture";
+		break;
+	case 3:		/* ...Sampler */
+		what = "a sampler";
+		break;
+	default:
+		what = "an argument";
+		break;
+	}
+	mtl_seterr(err, "the kernel takes %s (Metal binding type %ld) at index "
+	    "%lu as a parameter; the runner binds buffers only", what,
+	    (long)type, (unsigned long)index);
+	return -1;
+}
+
+/*
+ * The buffer bindings of a pipeline built with reflection into b, or -1
+ * for a kernel with a binding the runner cannot fill. From macOS 13
+ * reflection lists MTLBindings (MTLPipelineOptionBindingInfo); before, it
+ * lists MTLArguments (MTLPipelineOptionArgumentInfo, since deprecated).
+ * The built-in ids are in neither. An MTLArgument's buffer properties are
+ * asked of buffers only: Apple makes them a fatal error on any other type.
  */
 static int
 mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
@@ -374,20 +407,26 @@ mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
 	}
 	b->known = 1;
 	if (@available(macOS 13.0, *)) {
-		NSArray<id <MTLBinding>> *all = [refl bindings];
-		id <MTLBinding> x;
+		/* mtl_os as well, so that the Metal emulator's
+		 * METAL_EMU_MACOS=12.0 takes the older path; on a Mac the two
+		 * agree. */
+		if (mtl_os[0] >= 13) {
+			NSArray<id <MTLBinding>> *all = [refl bindings];
+			id <MTLBinding> x;
 
-		for (i = 0, n = [all count]; i < n; i++) {
-			x = [all objectAtIndex:i];
-			if ([x type] != MTLBindingTypeBuffer)
-				continue;
-			if (mtl_bind_add(b, [x index],
-			    [(id <MTLBufferBinding>)x bufferDataSize],
-			    [(id <MTLBufferBinding>)x bufferAlignment],
-			    err) == -1)
-				return -1;
+			for (i = 0, n = [all count]; i < n; i++) {
+				x = [all objectAtIndex:i];
+				if ([x type] != MTLBindingTypeBuffer)
+					return mtl_bind_other([x type],
+					    [x index], err);
+				if (mtl_bind_add(b, [x index],
+				    [(id <MTLBufferBinding>)x bufferDataSize],
+				    [(id <MTLBufferBinding>)x bufferAlignment],
+				    err) == -1)
+					return -1;
+			}
+			return 0;
 		}
-		return 0;
 	}
 #pragma clang diagnostic push
 #pragma clang diagnostic ignored "-Wdeprecated-declarations"
@@ -397,6 +436,9 @@ mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
 
 		for (i = 0, n = [all count]; i < n; i++) {
 			a = [all objectAtIndex:i];
+			if ([a type] != MTLArgumentTypeBuffer)
+				return mtl_bind_other((NSInteger)[a type],
+				    [a index], err);
 			if (mtl_bind_add(b, [a index], [a bufferDataSize],
 			    [a bufferAlignment], err) == -1)
 				return -1;

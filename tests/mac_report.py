@@ -39,7 +39,8 @@ MAC = sys.platform == "darwin"
 OWN_RUNNER_SKIP = "METAL_RUNNER names one already running"   # tests/conftest.py needs_own_metal_runner()
 SIMDGROUP = "simdgroup_multiply_accumulate"                 # MetalRenderer's tensor cores: 8x8 simdgroup matrices
 # the runner's log line for a Tload refused for its bindings or a launch for a misaligned offset (daemon/runner.m, daemon/launch.c)
-REFUSAL = re.compile(r"binds \d+ buffers, Tload says|binds no buffer at index|bytes in the kernel, Tload says|is not a multiple of \d+, the size")
+REFUSAL = re.compile(r"binds \d+ buffers, Tload says|binds no buffer at index|bytes in the kernel, Tload says|is not a multiple of \d+, the size|"
+                     r"the runner binds buffers only")
 
 # *** the computations: each returns its named outputs (Tensors, realized together); inputs come from numpy with a fixed seed, so both
 # processes compute on the same bytes. tol: (rtol, atol) for floating outputs where bit equality is not expected (Linux: the CPU reference)

@@ -169,6 +169,33 @@ def stub_method_containers(stub: Path = STUB) -> dict[str, set[tuple[str, str]]]
   return out
 
 
+def _ast_type(quoted: str) -> str:
+  """A type as clang's AST dump quotes it, desugared where it gives both ("'NSUInteger':'unsigned long'" -> unsigned long)."""
+  parts = re.findall(r"'([^']*)'", quoted)
+  return parts[-1]
+
+
+def stub_method_types(stub: Path = STUB) -> dict[tuple[str, str], list[str]]:
+  """{(selector, container): [return type, parameter types...]} as C type names, for each method tests/metal_stub declares
+  (property accessors included): which declaration a send resolved to, where two containers declare one selector."""
+  out, container, key = {}, None, None
+  for line in clang_ast(stub, "").splitlines():
+    if m := re.match(r"[|`]-ObjC(?:Protocol|Interface)Decl 0x[0-9a-f]+ .* (\w+)$", line):
+      container, key = m.group(1), None
+    elif re.match(r"[|`]-", line):
+      container, key = None, None
+    elif container and (m := re.match(r"[| ] [|`]-ObjCMethodDecl 0x[0-9a-f]+ .*? [-+] ([\w:]+) ('.*)$", line)):
+      key = (m.group(1), container)
+      out[key] = [_ast_type(m.group(2))]
+    elif key and (m := re.match(r"[| ] [| ] [|`]-ParmVarDecl 0x[0-9a-f]+ .*? \w+ ('.*)$", line)):
+      out[key].append(_ast_type(m.group(1)))
+    elif re.match(r"[| ] [|`]-", line):
+      key = None
+  assert len(out.get(("setBuffer:offset:atIndex:", "MTLComputeCommandEncoder"), ())) == 4, \
+    f"read no method types from {stub}: has clang's AST dump changed?"
+  return out
+
+
 def stub_functions(stub: Path = STUB) -> dict[str, tuple[str, list[str], bool]]:
   """{C function: (return type, [parameter types], returns retained)} for the MTL/NS functions tests/metal_stub declares."""
   out, lines = {}, clang_ast(stub, "").splitlines()

@@ -23,7 +23,9 @@ macOS's sw_vers. The wheel carries the same generated Lib/Metal/_metadata.py; it
      Where PyObjC records no type for a position (for class methods it records only what the Objective-C runtime on a Mac
      would not tell it) or records another protocol's (every protocol's methods share one record per selector on NSObject),
      PYOBJC_DIFFERS below gives the type runner.m must have instead, from Apple's documentation, with the reason and what PyObjC
-     records; an entry that no longer describes PyObjC's record or runner.m's sends fails. A Metal selector PyObjC has no
+     records; an entry that no longer describes PyObjC's record or runner.m's sends fails. Where several containers declare
+     one selector with different types (MTLBinding's type, an NSInteger enum, and MTLArgument's, an NSUInteger one), each
+     is checked against the sends whose encoding is its own declaration's. A Metal selector PyObjC has no
      record of fails, naming the selector, unless it is listed there.
      Selectors declared only by Foundation or objc classes and protocols of the stubs (NSString, NSError, NSArray, NSObject:
      alloc, init, retain, release, count, ...) are not Metal's: PyObjC's metadata for Foundation is another package
@@ -45,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from metal_api import (CLANG, NM, ROOT, RUNNER, STUB, pinned_pypi_file, runner_method_types, runner_symbols, stub_encodings,
-                       stub_enum_values, stub_functions, stub_method_containers)
+                       stub_enum_values, stub_functions, stub_method_containers, stub_method_types)
 
 # ---- the pinned PyObjC metadata ------------------------------------------------------------------------------------------
 # To update: pick a version (`.venv/bin/python -m pip index versions pyobjc-framework-metal`), download its wheel with the
@@ -69,6 +71,9 @@ PYOBJC_DIFFERS = {
                                                        "(developer.apple.com/documentation/metal/mtlcomputepipelinereflection/bindings)")},
   "arguments@MTLComputePipelineReflection": {"retval": ("@", None, "MTLComputePipelineReflection " + _CLASS_GETTER + "an NSArray "
                                                         "(developer.apple.com/documentation/metal/mtlcomputepipelinereflection/arguments)")},
+  "type@MTLArgument": {"retval": ("Q", None, "MTLArgument " + _CLASS_GETTER + "MTLArgumentType, NS_ENUM(NSUInteger) (developer."
+                                  "apple.com/documentation/metal/mtlargumenttype). PyObjC's record of 'type' on NSObject is a "
+                                  "protocol's, MTLBinding's NSInteger enum, which declared_encodings pairs with that protocol")},
   "index@MTLArgument": {"retval": ("Q", None, "MTLArgument " + _CLASS_GETTER + "NSUInteger (developer.apple.com/documentation/metal/"
                                    "mtlargument/index)")},
   "bufferDataSize@MTLArgument": {"retval": ("Q", None, "MTLArgument " + _CLASS_GETTER + "NSUInteger (developer.apple.com/"
@@ -214,8 +219,12 @@ def _pos_name(sel: str, pos) -> str:
 # ---- the checks: each returns the problems it found, so the sanity tests can feed them wrong input -----------------------------
 
 def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, str]]], methods: dict, bool_code: str,
-                   differs: dict = PYOBJC_DIFFERS, undeclared: dict = UNDECLARED_SENDS) -> tuple[list[str], set[str]]:
-  """(problems, the Metal selectors checked)."""
+                   differs: dict = PYOBJC_DIFFERS, undeclared: dict = UNDECLARED_SENDS,
+                   declared: dict | None = None) -> tuple[list[str], set[str]]:
+  """(problems, the Metal selectors checked). declared: {(selector, container): [encoding of the return type, of each
+  argument]} (declared_encodings): where several containers declare a selector, each is checked against the sends whose
+  encoding is its declaration's (MTLBinding's type is an NSInteger enum, MTLArgument's an NSUInteger one); without it, each
+  against every send."""
   problems, checked = [], set()
   for sel in sorted(sends):
     containers = decls.get(sel, set())
@@ -243,7 +252,11 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
                         f"documentation in PYOBJC_DIFFERS, with the reason")
         continue
       rec = rec or {}
-      for enc in sorted(sends[sel]):
+      encs = sorted(sends[sel])
+      if declared is not None and len(metal) > 1 and (sel, container) in declared:
+        want = [canon(t, bool_code) for t in declared[(sel, container)]]
+        encs = [e for e in encs if [canon(t, bool_code) for t in method_types(e)[:1] + method_types(e)[3:]] == want]
+      for enc in encs:
         types = method_types(enc)
         if len(types) - 3 != sel.count(":"):
           problems.append(f"{sel!r}: runner.m's encoding {enc!r} has {len(types) - 3} arguments"); continue
@@ -338,13 +351,26 @@ def decls():
   return stub_method_containers()
 
 
+def declared_encodings(stub: Path = STUB) -> dict[tuple[str, str], list[str]]:
+  """{(selector, container): the encodings of its declaration's return and argument types}, as clang compiles the stubs."""
+  types = stub_method_types(stub)
+  names = sorted({t for ts in types.values() for t in ts})
+  enc = dict(zip(names, stub_encodings(names, stub)))
+  return {k: [enc[t] for t in ts] for k, ts in types.items()}
+
+
+@pytest.fixture(scope="module")
+def declared():
+  return declared_encodings()
+
+
 def test_selector_list_is_the_object_files(sends):
   # The typed selector list read here and the object's selector symbols (test_metal_api_metalcpp.py) name the same selectors.
   assert set(sends) == runner_symbols()["selectors"]
 
 
-def test_messages_match_pyobjc(sends, decls, pyobjc, bool_code):
-  problems, checked = check_messages(sends, decls, pyobjc["methods"], bool_code)
+def test_messages_match_pyobjc(sends, decls, pyobjc, bool_code, declared):
+  problems, checked = check_messages(sends, decls, pyobjc["methods"], bool_code, declared=declared)
   assert not problems, "\n".join(problems)
   assert {"newBufferWithLength:options:", "setBuffer:offset:atIndex:", "dispatchThreadgroups:threadsPerThreadgroup:",
           "supportsFamily:", "setFastMathEnabled:", "commit"} <= checked and len(checked) >= 25, sorted(checked)
@@ -396,10 +422,16 @@ FROB = "\nvoid mr_probe(id <MTLCommandBuffer> cb);\nvoid mr_probe(id <MTLCommand
   ([("\n- (void)commit;", "\n- (void)commit;\n- (void)frobnicate;")], FROB,
    "runner.m sends 'frobnicate' to MTLCommandBuffer (tests/metal_stub), but PyObjC 12.2.2's metadata for Metal has no record"),
   ([], FROB, "runner.m sends 'frobnicate', which no header in tests/metal_stub declares"),
-], ids=["NSInteger-for-NSUInteger", "struct-fields", "BOOL", "pointer-return", "enum-type", "new-selector", "undeclared-selector"])
+  ([("@property (readonly) MTLArgumentType type;", "@property (readonly) NSInteger type;")], "",
+   "'type' (MTLArgument) the return type is 'q' in runner.m's declaration (tests/metal_stub), but must be 'Q'"),
+  ([("@property (readonly) MTLBindingType type;", "@property (readonly) NSUInteger type;")], "",
+   "'type' (MTLBinding) the return type is 'Q' in runner.m's declaration (tests/metal_stub) but 'q' in PyObjC"),
+], ids=["NSInteger-for-NSUInteger", "struct-fields", "BOOL", "pointer-return", "enum-type", "new-selector", "undeclared-selector",
+        "one-selector-two-classes-argument", "one-selector-two-classes-binding"])
 def test_wrong_declaration_is_reported(tmp_path, pyobjc, bool_code, edits, tail, expect):
   stub, runner = _mutated(tmp_path, edits, tail)
-  problems, _ = check_messages(runner_method_types(runner, stub), stub_method_containers(stub), pyobjc["methods"], bool_code)
+  problems, _ = check_messages(runner_method_types(runner, stub), stub_method_containers(stub), pyobjc["methods"], bool_code,
+                               declared=declared_encodings(stub))
   assert any(expect in p for p in problems), problems
 
 
@@ -413,8 +445,9 @@ def test_wrong_declaration_is_reported(tmp_path, pyobjc, bool_code, edits, tail,
   ({}, {"commit": "x"}, "UNDECLARED_SENDS lists 'commit', which tests/metal_stub declares"),
 ], ids=["recorded-after-all", "pyobjc-changed", "not-sent", "container-not-sent", "container-type", "undeclared-not-sent",
         "undeclared-declared"])
-def test_stale_exception_is_reported(sends, decls, pyobjc, bool_code, differs, undeclared, expect):
-  problems, _ = check_messages(sends, decls, pyobjc["methods"], bool_code, PYOBJC_DIFFERS | differs, UNDECLARED_SENDS | undeclared)
+def test_stale_exception_is_reported(sends, decls, pyobjc, bool_code, declared, differs, undeclared, expect):
+  problems, _ = check_messages(sends, decls, pyobjc["methods"], bool_code, PYOBJC_DIFFERS | differs, UNDECLARED_SENDS | undeclared,
+                               declared)
   assert any(expect in p for p in problems), problems
 
 

@@ -158,6 +158,43 @@ def test_bad_bindings_under_the_debug_layer_end_only_their_request(metal_addr):
     r.stop()
   assert "failed assertion" not in "\n".join(r.log), r.log_text(0)
 
+# a parameter the runner cannot bind: it binds buffers only (setBuffer, setBytes), so threadgroup memory, a texture or a sampler
+# as a parameter is EPROGRAM at Tload. tinygrad declares threadgroup memory inside the kernel, which is no binding.
+TGPARAM = HEAD + (f"kernel void tgparam(device float* out, threadgroup float* t [[threadgroup(0)]], {IDS}) "
+                  "{ t[lid.x] = 1.0f; threadgroup_barrier(mem_flags::mem_threadgroup); out[gid.x] = t[0]; }\n")
+
+def test_a_threadgroup_memory_parameter_is_eprogram(c):
+  load(c, 1, TGPARAM, 1)
+  code, _, text = c.errors(1)[0]
+  assert code == P.EPROGRAM and "takes threadgroup memory (Metal binding type 1) at index 0 as a parameter" in text, text
+  c.alloc(1, 64); c.alloc(2, 64)
+  load(c, 2, ADD1, 2)                                  # the session goes on
+  launched(c, 2, [(1, 0), (2, 0)], g=(16, 1, 1))
+
+@pytest.mark.parametrize("macos", ["12.0", "13.0"])
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_threadgroup_memory_parameter_before_macos_13_ends_no_session(macos, isolation):
+  # before macOS 13 reflection is MTLArguments, whose bufferAlignment and bufferDataSize are "a fatal error" on one that is not a
+  # buffer (Apple; the emulator stops the process there). Before the fix the runner asked every argument, so this Tload stopped
+  # the process: under --isolation thread every session, under process the client's own (its connection closed)
+  needs_own_metal_runner()
+  r = metal_runner_proc("--isolation", isolation, env={"METAL_EMU_MACOS": macos})
+  try:
+    if not is_emulator(r.addr): pytest.skip("uses the Metal emulator's METAL_EMU_MACOS (tests/metal_emulator/README.md)")
+    bystander, c = Raw(r.addr), Raw(r.addr)
+    bystander.alloc(1, 64); bystander.write(1, 0, b"\x07" * 4)
+    load(c, 1, TGPARAM, 1)
+    [(code, _, text)] = c.until_pong()
+    assert code == P.EPROGRAM and "takes threadgroup memory (Metal binding type 1) at index 0" in text, text
+    c.alloc(1, 64); c.alloc(2, 64)
+    load(c, 2, ADD1, 2)                                # the session goes on, and its checks with it
+    launched(c, 2, [(1, 0), (2, 0)], g=(16, 1, 1))
+    assert r.alive() and bystander.read(1, 0, 4) == b"\x07" * 4
+    c.close(); bystander.close()
+  finally:
+    r.stop()
+  assert "fatal error" not in r.log_text(0), r.log_text(0)
+
 # *** defect b: a waited launch reports an earlier launch's failure, and waits for all earlier work
 
 def test_waited_launch_reports_earlier_failure(c, emulator_only):

@@ -243,24 +243,37 @@ metal_version(MTLLanguageVersion v)
  * What a pipeline built with reflection reports, from the kernel's
  * parameters as library.c found them (their [[buffer(n)]] index) and the
  * compiler gave them (pointee or referee size and alignment): a buffer
- * binding for each `device T *` and `constant T &`, none for the built-in
- * ids. Only what runner.m reads: the bindings' type (macOS 13), index,
- * bufferDataSize and bufferAlignment, the bindings and the arguments
- * (before 13) alike; without MTLPipelineOptionBindingInfo (the same bit as
- * ArgumentInfo) both are empty.
+ * binding for each `device T *` and `constant T &`, a threadgroup memory
+ * one for each `threadgroup T * [[threadgroup(n)]]`, none for the built-in
+ * ids. Only what runner.m reads: the bindings' type, index, bufferDataSize
+ * and bufferAlignment, the bindings (macOS 13) and the arguments (before)
+ * alike; without MTLPipelineOptionBindingInfo (the same bit as
+ * ArgumentInfo) both are empty. Asking a buffer's properties of another
+ * type stops the process, as Apple says it does for an MTLArgument ("If
+ * the argument is not a buffer, querying this property is a fatal error";
+ * an MTLBinding of another type does not have them at all).
  */
 enum { EMU_OPT_BINDING_INFO = 1 << 0 };
 
+static void
+emu_not_a_buffer(const char *sel, NSUInteger type, NSUInteger index)
+{
+	emu_log("-[%s]: the argument at index %lu is of type %lu, not a "
+	    "buffer: a fatal error (Apple)", sel, (unsigned long)index,
+	    (unsigned long)type);
+	abort();
+}
+
 @interface EmuBinding : NSObject <MTLBufferBinding> {
 @public
-	NSUInteger index, size, align;
+	NSUInteger type, index, size, align;
 }
 @end
 
 @implementation EmuBinding
 - (MTLBindingType)type
 {
-	return MTLBindingTypeBuffer;
+	return (MTLBindingType)type;
 }
 - (NSUInteger)index
 {
@@ -268,32 +281,50 @@ enum { EMU_OPT_BINDING_INFO = 1 << 0 };
 }
 - (NSUInteger)bufferDataSize
 {
+	if (type != MTLBindingTypeBuffer)
+		emu_not_a_buffer("MTLBufferBinding bufferDataSize", type, index);
 	return size;
 }
 - (NSUInteger)bufferAlignment
 {
+	if (type != MTLBindingTypeBuffer)
+		emu_not_a_buffer("MTLBufferBinding bufferAlignment", type, index);
 	return align;
 }
 @end
 
 @interface EmuArgument : MTLArgument {
 @public
-	NSUInteger index, size, align;
+	NSUInteger type, index, size, align;
 }
 @end
 
 @implementation MTLArgument
+- (MTLArgumentType)type
+{
+	return (MTLArgumentType)((EmuArgument *)self)->type;
+}
 - (NSUInteger)index
 {
 	return ((EmuArgument *)self)->index;
 }
 - (NSUInteger)bufferDataSize
 {
-	return ((EmuArgument *)self)->size;
+	EmuArgument *a = (EmuArgument *)self;
+
+	if (a->type != MTLArgumentTypeBuffer)
+		emu_not_a_buffer("MTLArgument bufferDataSize", a->type,
+		    a->index);
+	return a->size;
 }
 - (NSUInteger)bufferAlignment
 {
-	return ((EmuArgument *)self)->align;
+	EmuArgument *a = (EmuArgument *)self;
+
+	if (a->type != MTLArgumentTypeBuffer)
+		emu_not_a_buffer("MTLArgument bufferAlignment", a->type,
+		    a->index);
+	return a->align;
 }
 @end
 
@@ -345,6 +376,8 @@ emu_reflection(const struct metal_emu_kernel *k, MTLPipelineOption options)
 			continue;
 		b = (EmuBinding *)[EmuBinding allocPlain];
 		a = (EmuArgument *)[EmuArgument allocPlain];
+		b->type = a->type = p->kind == METAL_EMU_PARAM_THREADGROUP ?
+		    MTLArgumentTypeThreadgroupMemory : MTLArgumentTypeBuffer;
 		b->index = a->index = (NSUInteger)p->index;
 		b->size = a->size = p->size;
 		b->align = a->align = p->align;

@@ -150,6 +150,12 @@ param_entry(const char *p, const char *e, int *next_index, struct buf *out)
 	if (sscanf(attr, "buffer(%d)", &idx) == 1 && idx >= 0 && idx < 31)
 		return putf(out, ", {0, 0, %d, 0}", idx) ?
 		    errf("out of memory") : NULL;
+	/* Reflected, never run (queue.m): a runner must refuse it. */
+	if (sscanf(attr, "threadgroup(%d)", &idx) == 1 && idx >= 0 &&
+	    idx < 31)
+		return putf(out, ", {%d, 0, %d, 0}",
+		    METAL_EMU_PARAM_THREADGROUP, idx) ?
+		    errf("out of memory") : NULL;
 	return errf("program_source: error: the Metal emulator does not "
 	    "support the kernel parameter attribute [[%s]]", attr);
 }
@@ -228,9 +234,11 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 
 /*
  * Copy src to out, dropping the address space `threadgroup` where it
- * qualifies a pointer type in a cast, "(threadgroup float4 *)": the header
- * makes `threadgroup` a storage class (static: a threadgroup's memory is
- * shared by its threads), which C++ allows in declarations only.
+ * qualifies a pointer type in a cast, "(threadgroup float4 *)", or a
+ * parameter, "(threadgroup float *t [[threadgroup(0)]]" or after a comma:
+ * the header makes `threadgroup` a storage class (static: a threadgroup's
+ * memory is shared by its threads), which C++ allows in declarations only.
+ * (In the attribute it becomes [[static(0)]], an attribute C++ ignores.)
  */
 static int
 copy_source(struct buf *out, const char *src, size_t len)
@@ -238,21 +246,20 @@ copy_source(struct buf *out, const char *src, size_t len)
 	const char *p = src, *end = src + len, *q;
 
 	while (p < end) {
-		if (*p == '(') {
+		if (*p == '(' || *p == ',') {
 			for (q = p + 1; q < end && isspace((unsigned char)*q); q++)
 				;
 			if ((size_t)(end - q) > 11 &&
 			    strncmp(q, "threadgroup", 11) == 0 &&
 			    !is_ident((unsigned char)q[11])) {
-				if (put(out, "(", 1) == -1)
+				if (put(out, p, 1) == -1)
 					return -1;
 				p = q + 11;
 				continue;
 			}
 		}
-		q = memchr(p + 1, '(', (size_t)(end - p - 1));
-		if (q == NULL)
-			q = end;
+		for (q = p + 1; q < end && *q != '(' && *q != ','; q++)
+			;
 		if (put(out, p, (size_t)(q - p)) == -1)
 			return -1;
 		p = q;

@@ -504,6 +504,13 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 		p = &k->params[i];
 		if (p->kind == METAL_EMU_PARAM_BUILTIN)
 			continue;
+		if (p->kind == METAL_EMU_PARAM_THREADGROUP) {
+			[cb invalid:"Compute Function(%s): threadgroup memory "
+			    "at index %d for parameter %u: the Metal emulator "
+			    "does not implement setThreadgroupMemoryLength:"
+			    "atIndex:", k->name, p->index, i];
+			return -1;
+		}
 		if (bufs[p->index] == nil && bytes[p->index] == NULL) {
 			[cb invalid:"Compute Function(%s): missing buffer "
 			    "binding at index %d for parameter %u", k->name,

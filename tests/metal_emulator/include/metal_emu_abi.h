@@ -63,13 +63,17 @@ struct metal_emu_ids {
 enum metal_emu_param_kind {
 	METAL_EMU_PARAM_POINTER = 1,	/* device T *: setBuffer */
 	METAL_EMU_PARAM_REFERENCE,	/* constant T &: setBytes or setBuffer */
-	METAL_EMU_PARAM_BUILTIN
+	METAL_EMU_PARAM_BUILTIN,
+	/* threadgroup T * [[threadgroup(n)]]: setThreadgroupMemoryLength,
+	 * which the emulator does not implement (reflection only) */
+	METAL_EMU_PARAM_THREADGROUP
 };
 
 struct metal_emu_param {
 	int kind;		/* metal_emu_param_kind */
 	int builtin;		/* metal_emu_builtin, for BUILTIN */
-	int index;		/* argument table index ([[buffer(n)]]), else -1 */
+	int index;		/* argument table index ([[buffer(n)]]), the
+				 * threadgroup table's for THREADGROUP, else -1 */
 	size_t size;		/* sizeof the pointee / referee; 0 for void */
 	size_t align;		/* its alignof (reflection's bufferAlignment) */
 };
@@ -144,7 +148,9 @@ static inline P fetch(const struct metal_emu_param &p, void *const *args,
     const struct metal_emu_ids *ids)
 {
 	if constexpr (std::is_pointer<P>::value)
-		return (P)args[p.index];
+		/* queue.m dispatches no kernel with threadgroup memory */
+		return p.kind == METAL_EMU_PARAM_THREADGROUP ? nullptr :
+		    (P)args[p.index];
 	else if constexpr (std::is_reference<P>::value)
 		return *(typename std::remove_reference<P>::type *)args[p.index];
 	else
@@ -172,14 +178,16 @@ struct kernel_traits<void(P...)> {
 	}
 
 	/* Fill kind, size and alignment from the types; builtin and index come from the
-	 * emulator's reading of the attributes. */
+	 * emulator's reading of the attributes, as does THREADGROUP (a pointer by its
+	 * type), which is kept. */
 	static void describe(struct metal_emu_param *ps)
 	{
 		const int kinds[] = { param_kind<P>()..., 0 };
 		const size_t sizes[] = { param_size<P>()..., 0 };
 		const size_t aligns[] = { param_align<P>()..., 0 };
 		for (unsigned i = 0; i < nparams; i++) {
-			ps[i].kind = kinds[i];
+			if (ps[i].kind != METAL_EMU_PARAM_THREADGROUP)
+				ps[i].kind = kinds[i];
 			ps[i].size = sizes[i];
 			ps[i].align = aligns[i];
 		}
@@ -192,6 +200,7 @@ struct kernel_traits<void(P...)> {
  * The descriptor the emulator appends for each kernel NAME it finds, with
  * the builtin/index of each parameter read from the source:
  *   METAL_EMU_KERNEL(NAME, {kind, builtin, index, 0}, ...)
+ * (kind 0, from the type, but for a [[threadgroup(n)]] parameter)
  */
 #define METAL_EMU_KERNEL(NAME, ...)					\
 	static struct metal_emu_param metal_emu_params_##NAME[] = { __VA_ARGS__ }; \

@@ -147,12 +147,27 @@ typedef NS_ENUM(NSInteger, MTLMathFloatingPointFunctions) {
 
 /* ---- MTLArgument.h (reflection) ---- */
 
-/* typedef NS_ENUM(NSInteger, MTLBindingType): MTLBindingTypeBuffer = 0
- * (macOS 11; MTLArgument.h)
+/* typedef NS_ENUM(NSInteger, MTLBindingType): MTLBindingTypeBuffer = 0,
+ * ThreadgroupMemory = 1, Texture = 2, Sampler = 3, ... (macOS 11;
+ * MTLArgument.h)
  * https://developer.apple.com/documentation/metal/mtlbindingtype */
 typedef NS_ENUM(NSInteger, MTLBindingType) {
-	MTLBindingTypeBuffer = 0
+	MTLBindingTypeBuffer = 0,
+	MTLBindingTypeThreadgroupMemory = 1,
+	MTLBindingTypeTexture = 2,
+	MTLBindingTypeSampler = 3
 } API_AVAILABLE(macos(11.0));
+
+/* typedef NS_ENUM(NSUInteger, MTLArgumentType): MTLArgumentTypeBuffer = 0,
+ * ThreadgroupMemory = 1, Texture = 2, Sampler = 3, ... (MTLArgument.h;
+ * deprecated in macOS 13 for MTLBindingType)
+ * https://developer.apple.com/documentation/metal/mtlargumenttype */
+typedef NS_ENUM(NSUInteger, MTLArgumentType) {
+	MTLArgumentTypeBuffer = 0,
+	MTLArgumentTypeThreadgroupMemory = 1,
+	MTLArgumentTypeTexture = 2,
+	MTLArgumentTypeSampler = 3
+};
 
 /* https://developer.apple.com/documentation/metal/mtlbinding  (macOS 13) */
 @protocol MTLBinding <NSObject>
@@ -178,10 +193,15 @@ typedef NS_ENUM(NSInteger, MTLBindingType) {
 /* Deprecated in macOS 13 for MTLBinding; what systems before 13 give.
  * https://developer.apple.com/documentation/metal/mtlargument */
 @interface MTLArgument : NSObject
+/* @property(readonly) MTLArgumentType type;
+ * https://developer.apple.com/documentation/metal/mtlargument/type */
+@property (readonly) MTLArgumentType type;
 /* @property(readonly) NSUInteger index;
  * https://developer.apple.com/documentation/metal/mtlargument/index */
 @property (readonly) NSUInteger index;
-/* @property(readonly) NSUInteger bufferAlignment;
+/* @property(readonly) NSUInteger bufferAlignment;  (and bufferDataSize:
+ * "If the argument is not a buffer, querying this property is a fatal
+ * error.")
  * https://developer.apple.com/documentation/metal/mtlargument/bufferalignment */
 @property (readonly) NSUInteger bufferAlignment;
 /* @property(readonly) NSUInteger bufferDataSize;
