@@ -169,7 +169,7 @@ mr_token_replace(const uint8_t *token, size_t len)
 {
 	uint8_t *p, *old;
 
-	if (len == 0 || (p = malloc(len)) == NULL)
+	if (len == 0 || len > MR_TOKEN_MAX || (p = malloc(len)) == NULL)
 		return -1;
 	memcpy(p, token, len);
 	pthread_once(&token_once, token_atfork);

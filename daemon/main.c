@@ -19,8 +19,6 @@
 #include "advertise.h"
 #include "metal_runner.h"
 
-#define MAX_TOKEN 4096
-
 struct listen_arg {
 	const char *advertise;		/* --advertise, "" for the default name */
 	const char *backend;
@@ -186,12 +184,12 @@ read_token(const char *path, size_t *len, char *err, size_t errlen)
 		return NULL;
 	}
 	/* One byte more than allowed tells a long file from a full one. */
-	buf = malloc(MAX_TOKEN + 1);
-	n = buf ? fread(buf, 1, MAX_TOKEN + 1, f) : 0;
+	buf = malloc(MR_TOKEN_MAX + 1);
+	n = buf ? fread(buf, 1, MR_TOKEN_MAX + 1, f) : 0;
 	fclose(f);
-	if (n > MAX_TOKEN) {
+	if (n > MR_TOKEN_MAX) {
 		snprintf(err, errlen, "%s: the token file is larger than %d "
-		    "bytes", path, MAX_TOKEN);
+		    "bytes", path, MR_TOKEN_MAX);
 		free(buf);
 		return NULL;
 	}

@@ -47,7 +47,7 @@ struct mr_config {
 	uint64_t resume_log;		/* bytes of replies a session keeps to
 					 * send again on a resume */
 	const uint8_t *token;		/* shared secret for Tauth, NULL: none */
-	size_t tokenlen;
+	size_t tokenlen;		/* 1 to MR_TOKEN_MAX bytes */
 	int watch_stdin;		/* 1: stop when stdin reaches its end (the
 					 * program that started the runner holds
 					 * the pipe's other end) */
@@ -103,9 +103,13 @@ void mr_log_handshake(const char *fmt, ...)
 void mr_log_handshake_flush(void);
 
 /* handshake.c */
+/* The longest token: a spawned session process reads it from a pipe into a
+ * buffer of this size (procspawn.c). */
+#define MR_TOKEN_MAX 4096
 /* Replace the token (a copy is kept) for every Tauth from now on, in this
  * process and in session processes forked later; cfg->token must be set.
- * 0, or -1 with nothing changed (no memory, or len 0). Thread-safe. */
+ * 0, or -1 with nothing changed (no memory, len 0 or more than
+ * MR_TOKEN_MAX). Thread-safe. */
 int mr_token_replace(const uint8_t *token, size_t len);
 /* Write the token in force to fd, and close it: 0 or -1 (procspawn.c). */
 int mr_token_send(const struct mr_config *cfg, int fd);

@@ -56,7 +56,6 @@ extern char **environ;
 /* The descriptors handed down, in this order; routes follow. */
 enum { FD_CONN, FD_SLOTS, FD_INBOX, FD_CTL, FD_BROKER, FD_CACHE, FD_TOKEN,
     NFIXED };
-#define MAX_TOKEN	4096
 #define SPAWN_FD0	3
 #define SPAWN_MAXFDS	(NFIXED + 8192)
 
@@ -229,7 +228,7 @@ parse_ints(const char *s, long *v, int n)
 static int
 read_token(struct mr_config *cfg, int fd)
 {
-	static uint8_t token[MAX_TOKEN];
+	static uint8_t token[MR_TOKEN_MAX];
 	ssize_t n;
 	size_t len = 0;
 

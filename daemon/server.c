@@ -438,6 +438,12 @@ serve(const struct mr_config *cfg)
 		log_warn("no backend named %s in this build", cfg->backend);
 		return -1;
 	}
+	if (cfg->token != NULL && (cfg->tokenlen == 0 ||
+	    cfg->tokenlen > MR_TOKEN_MAX)) {
+		log_warn("the token is %zu bytes; it must be 1 to %d",
+		    cfg->tokenlen, MR_TOKEN_MAX);
+		return -1;
+	}
 	iso = mr_isolation(cfg, ctx.be);
 	if (iso == BE_ISOLATE_SPAWN && cfg->argv == NULL) {
 		log_warn("%s: spawned session processes need the runner's "

@@ -6,7 +6,9 @@
  *     of a child the program started itself;
  *   - mr_stop() from another thread stops mr_serve(), which returns 0;
  *   - mr_serve() may be called again after it has returned;
- *   - a mr_stop() that comes before mr_serve() ends that serve at once.
+ *   - a mr_stop() that comes before mr_serve() ends that serve at once;
+ *   - a token longer than MR_TOKEN_MAX is refused, by mr_serve() and by
+ *     mr_token_replace() (a spawned session would read only its start).
  */
 #include <sys/wait.h>
 
@@ -113,5 +115,19 @@ main(void)
 	t0 = now();
 	check(mr_serve(&cfg) == 0 && now() - t0 < 2,
 	    "a stop before mr_serve ends it as it starts");
+
+	{
+		static uint8_t big[MR_TOKEN_MAX + 1];
+
+		memset(big, 'k', sizeof(big));
+		cfg.token = big;
+		cfg.tokenlen = sizeof(big);
+		check(mr_serve(&cfg) == -1, "mr_serve refuses a token longer "
+		    "than MR_TOKEN_MAX");
+		cfg.tokenlen = MR_TOKEN_MAX;
+		check(mr_token_replace(big, sizeof(big)) == -1 &&
+		    mr_token_replace(big, MR_TOKEN_MAX) == 0,
+		    "mr_token_replace takes up to MR_TOKEN_MAX bytes");
+	}
 	return failed;
 }

@@ -168,7 +168,7 @@ def test_library_calls_an_embedding_program_relies_on():
   assert r.returncode == 0 and not r.stderr, r.stderr
   r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
   lines = r.stdout.splitlines()
-  assert r.returncode == 0 and len(lines) == 6 and all(l.startswith("ok ") for l in lines), r.stdout + r.stderr
+  assert r.returncode == 0 and len(lines) == 8 and all(l.startswith("ok ") for l in lines), r.stdout + r.stderr
 
 # *** slow: CMake, and valgrind
 
