@@ -5,10 +5,11 @@ MiB they hold, and over each chunk copied first into a buffer they hold (what cl
 each process while the client writes 64 MiB (REPS times, default 8) to a runner with a cache, of content it has not seen and the
 same again, and to a runner without one: the client (all its threads), the runner's session and its cache helper (daemon/cachelink.c),
 from /proc. CPU time is what a busy shared machine changes least; GB/s, the same run's medians, are shown too. Linux only."""
-import hashlib, os, pathlib, re, shutil, statistics, subprocess, sys, tempfile, time
+import hashlib, os, pathlib, shutil, statistics, sys, tempfile, time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests")]
 from proto import Session, MIB  # noqa: E402
+from runner_proc import RunnerProc  # noqa: E402
 
 def hash_rates() -> dict:
   big, tmp = memoryview(bytearray(os.urandom(4096) * (64 * 256))), bytearray(MIB)
@@ -35,15 +36,11 @@ def cpu(pid:int) -> float:
   return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 def per_gb(cache:bool, reps:int) -> list[tuple]:
-  d, log = tempfile.mkdtemp(prefix="cache-breakdown-"), tempfile.NamedTemporaryFile("w+", prefix="cache-breakdown-")
-  p = subprocess.Popen([str(ROOT / "daemon/metal_runner"), "--host", "127.0.0.1", "--port", "0", "--backend", "cpu",
-                        *(["--cache-dir", d] if cache else [])], stdout=log, stderr=subprocess.DEVNULL)
+  d = tempfile.mkdtemp(prefix="cache-breakdown-")
+  r = RunnerProc("--backend", "cpu", *(["--cache-dir", d] if cache else []))
   try:
-    for _ in range(200):
-      if m := re.search(r"listening on .*:(\d+)", pathlib.Path(log.name).read_text()): break
-      time.sleep(0.05)
-    s = Session(f"127.0.0.1:{m.group(1)}", sizes=(64 * MIB,))
-    top = [k for k in kids(p.pid) if comm(k) != "mr_peer_broker"][0]   # with a cache: the helper, the session its child
+    s = Session(r.addr, sizes=(64 * MIB,))
+    top = [k for k in kids(r.proc.pid) if comm(k) != "mr_peer_broker"][0]   # with a cache: the helper, the session its child
     procs = {"helper": top, "session": kids(top)[0]} if cache else {"session": top}
     s.write(64 * MIB, 4)   # untimed, as bench/run.py does
     rows = []
@@ -55,8 +52,7 @@ def per_gb(cache:bool, reps:int) -> list[tuple]:
       rows.append((mode, statistics.median(g), (sum(os.times()[:2]) - c0) / gb, *((cpu(v) - t0[k]) / gb for k, v in procs.items())))
     return rows
   finally:
-    p.terminate()
-    p.wait()
+    r.stop()
     shutil.rmtree(d, ignore_errors=True)
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def main():
     for r in relays: r.stop()
     runner.stop()
   # the cache: a runner with --cache-dir behind the 1 GbE link, a server started twice
-  cached = RunnerProc("--resume-grace", "0", "--cache-dir", str(tmp / "cache"))
+  cached, relay = RunnerProc("--resume-grace", "0", "--cache-dir", str(tmp / "cache")), None
   try:
     relay = Relay(results / "linkemu", cached.addr, "llm-1GbE-cache", tmp)
     relay.profile(150, 1000)
@@ -104,9 +104,12 @@ def main():
         out["cache"][start] = {"ready_s": ready}
       log(f"cache, {start} start behind 1GbE: ready in {ready:.1f} s")
     relay.stop()
+    relay = None
     time.sleep(0.6)
     for start, b in zip(("first", "second"), received(cached)): out["cache"][start]["bytes_in"] = b
-  finally: cached.stop()
+  finally:
+    if relay is not None: relay.stop()
+    cached.stop()
   (results / "llm.json").write_text(json.dumps(out, indent=1))
   print(f"model: {out['model']}, {a.tokens} tokens per answer, median of {a.reps}")
   print("| side | ready (s) | time to first token (ms) | tokens/s | same text as cpu |\n|---|---|---|---|---|")
