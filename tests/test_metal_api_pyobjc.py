@@ -224,8 +224,8 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
   """(problems, the Metal selectors checked). declared: {(selector, container): [encoding of the return type, of each
   argument]} (declared_encodings): where several containers declare a selector, each is checked against the sends whose
   encoding is its declaration's (MTLBinding's type is an NSInteger enum, MTLArgument's an NSUInteger one); without it, each
-  against every send."""
-  problems, checked = [], set()
+  against every send; a send that matches none of them is reported."""
+  problems, checked, sent_to = [], set(), set()
   for sel in sorted(sends):
     containers = decls.get(sel, set())
     if not containers:
@@ -242,7 +242,15 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
     checked.add(sel)
     if not sends[sel]:
       problems.append(f"runner.m sends {sel!r} untyped: clang resolved it to no declaration"); continue
+    matched = set()
     for container, kind in sorted(metal):
+      encs = sorted(sends[sel])
+      if declared is not None and len(metal) > 1 and (sel, container) in declared:
+        want = [canon(t, bool_code) for t in declared[(sel, container)]]
+        encs = [e for e in encs if [canon(t, bool_code) for t in method_types(e)[:1] + method_types(e)[3:]] == want]
+        if not encs: continue                                              # runner.m sends it to another container
+      matched |= set(encs)
+      sent_to.add((sel, container))
       owner = "NSObject" if kind == "protocol" else container
       rec, noted = methods.get((owner, sel)), differs.get(f"{sel}@{container}", differs.get(sel, {}))
       if rec is None and not noted:
@@ -252,10 +260,6 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
                         f"documentation in PYOBJC_DIFFERS, with the reason")
         continue
       rec = rec or {}
-      encs = sorted(sends[sel])
-      if declared is not None and len(metal) > 1 and (sel, container) in declared:
-        want = [canon(t, bool_code) for t in declared[(sel, container)]]
-        encs = [e for e in encs if [canon(t, bool_code) for t in method_types(e)[:1] + method_types(e)[3:]] == want]
       for enc in encs:
         types = method_types(enc)
         if len(types) - 3 != sel.count(":"):
@@ -282,9 +286,12 @@ def check_messages(sends: dict[str, set[str]], decls: dict[str, set[tuple[str, s
           elif mine != theirs:
             problems.append(f"{where} is {mine!r} in runner.m's declaration (tests/metal_stub) but {theirs!r} in PyObjC "
                             f"{PYOBJC_METAL_VERSION} ({t['type']!r})")
+    if unmatched := sorted(sends[sel] - matched):
+      problems.append(f"runner.m sends {sel!r} with the encodings {unmatched}, which no declaration of it in tests/metal_stub has "
+                      f"({sorted(c for c, _ in metal)})")
   for key, noted in sorted(differs.items()):
     sel, _, container = key.partition("@")
-    if sel not in checked or (container and container not in {c for c, _ in decls.get(sel, ())}):
+    if sel not in checked or (container and (sel, container) not in sent_to):
       problems.append(f"PYOBJC_DIFFERS lists {key!r}, which runner.m no longer sends to a Metal protocol or class: remove the entry")
     elif bad := [p for p in noted if p != "retval" and not 2 <= p < 2 + sel.count(":")]:
       problems.append(f"PYOBJC_DIFFERS lists positions {bad} for {sel!r}, which has {sel.count(':')} arguments")
@@ -426,13 +433,23 @@ FROB = "\nvoid mr_probe(id <MTLCommandBuffer> cb);\nvoid mr_probe(id <MTLCommand
    "'type' (MTLArgument) the return type is 'q' in runner.m's declaration (tests/metal_stub), but must be 'Q'"),
   ([("@property (readonly) MTLBindingType type;", "@property (readonly) NSUInteger type;")], "",
    "'type' (MTLBinding) the return type is 'Q' in runner.m's declaration (tests/metal_stub) but 'q' in PyObjC"),
+  ([("\t\t\tif ([a type] != MTLArgumentTypeBuffer)\n\t\t\t\treturn mtl_bind_other((NSInteger)[a type],\n\t\t\t\t    [a index], err);\n",
+     "")], "", "PYOBJC_DIFFERS lists 'type@MTLArgument', which runner.m no longer sends"),
 ], ids=["NSInteger-for-NSUInteger", "struct-fields", "BOOL", "pointer-return", "enum-type", "new-selector", "undeclared-selector",
-        "one-selector-two-classes-argument", "one-selector-two-classes-binding"])
+        "one-selector-two-classes-argument", "one-selector-two-classes-binding", "one-selector-one-class-sent"])
 def test_wrong_declaration_is_reported(tmp_path, pyobjc, bool_code, edits, tail, expect):
   stub, runner = _mutated(tmp_path, edits, tail)
   problems, _ = check_messages(runner_method_types(runner, stub), stub_method_containers(stub), pyobjc["methods"], bool_code,
                                declared=declared_encodings(stub))
   assert any(expect in p for p in problems), problems
+
+
+def test_a_send_no_declaration_has_is_reported(sends, decls, pyobjc, bool_code, declared):
+  # where two containers declare a selector, each send is checked against the one whose declaration it is: one that matches
+  # neither (here: MTLBinding's type said to be a double) is not left unchecked
+  wrong = declared | {("type", "MTLBinding"): ["d"]}
+  problems, _ = check_messages(sends, decls, pyobjc["methods"], bool_code, declared=wrong)
+  assert any("runner.m sends 'type' with the encodings ['q16@0:8'], which no declaration of it" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("differs,undeclared,expect", [
@@ -441,9 +458,11 @@ def test_wrong_declaration_is_reported(tmp_path, pyobjc, bool_code, edits, tail,
   ({"frobnicate:": {"retval": ("v", None, "x")}}, {}, "PYOBJC_DIFFERS lists 'frobnicate:', which runner.m no longer sends"),
   ({"index@MTLDevice": {"retval": ("Q", None, "x")}}, {}, "PYOBJC_DIFFERS lists 'index@MTLDevice', which runner.m no longer sends"),
   ({"index@MTLArgument": {"retval": ("q", None, "x")}}, {}, "'index' (MTLArgument) the return type is 'Q' in runner.m's declaration"),
+  ({"status@MTLArgument": {"retval": ("Q", None, "x")}}, {}, "PYOBJC_DIFFERS lists 'status@MTLArgument', which runner.m no longer sends"),
   ({}, {"frobnicate": "x"}, "UNDECLARED_SENDS lists 'frobnicate', which runner.m no longer sends"),
   ({}, {"commit": "x"}, "UNDECLARED_SENDS lists 'commit', which tests/metal_stub declares"),
-], ids=["recorded-after-all", "pyobjc-changed", "not-sent", "container-not-sent", "container-type", "undeclared-not-sent",
+], ids=["recorded-after-all", "pyobjc-changed", "not-sent", "container-not-sent", "container-type", "container-undeclared",
+        "undeclared-not-sent",
         "undeclared-declared"])
 def test_stale_exception_is_reported(sends, decls, pyobjc, bool_code, declared, differs, undeclared, expect):
   problems, _ = check_messages(sends, decls, pyobjc["methods"], bool_code, PYOBJC_DIFFERS | differs, UNDECLARED_SENDS | undeclared,

@@ -117,17 +117,32 @@ is_ident(int c)
 	return isalnum(c) || c == '_';
 }
 
-/* One parameter's text, p..e: its METAL_EMU_KERNEL entry. */
+/* What copy_source puts for the address space `threadgroup` of a
+ * parameter or a cast (metal_stdlib defines it as nothing). */
+#define TG_MARK "metal_emu_tg"
+
+/* One parameter's text, p..e: its METAL_EMU_KERNEL entry. Without an
+ * attribute a buffer takes the next buffer index, threadgroup memory the
+ * next threadgroup index, as Metal assigns them. */
 static char *
-param_entry(const char *p, const char *e, int *next_index, struct buf *out)
+param_entry(const char *p, const char *e, int *next_index, int *next_tg,
+    struct buf *out)
 {
 	const char *a, *ae;
 	char attr[64];
 	size_t i, n;
-	int idx;
+	int idx, tg;
 
+	while (p < e && isspace((unsigned char)*p))
+		p++;
+	tg = (size_t)(e - p) > strlen(TG_MARK) &&
+	    strncmp(p, TG_MARK, strlen(TG_MARK)) == 0;
 	for (a = p; a + 1 < e && !(a[0] == '[' && a[1] == '['); a++)
 		;
+	if (a + 1 >= e && tg)
+		return putf(out, ", {%d, 0, %d, 0}",
+		    METAL_EMU_PARAM_THREADGROUP, (*next_tg)++) ?
+		    errf("out of memory") : NULL;
 	if (a + 1 >= e)
 		return putf(out, ", {0, 0, %d, 0}", (*next_index)++) ?
 		    errf("out of memory") : NULL;
@@ -143,6 +158,9 @@ param_entry(const char *p, const char *e, int *next_index, struct buf *out)
 		n = sizeof(attr) - 1;
 	memcpy(attr, a, n);
 	attr[n] = '\0';
+	if (tg && strncmp(attr, "threadgroup(", 12) != 0)
+		return errf("program_source: error: a threadgroup parameter "
+		    "with the attribute [[%s]]", attr);
 	for (i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++)
 		if (strcmp(attr, builtins[i].attr) == 0)
 			return putf(out, ", {0, %d, -1, 0}",
@@ -169,7 +187,7 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 {
 	const char *p = src, *q, *name, *params, *end;
 	size_t namelen;
-	int depth, next_index;
+	int depth, next_index, next_tg;
 	char *err;
 
 	*nkernels = 0;
@@ -201,7 +219,7 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 			return errf("out of memory");
 		/* Split the parameter list at commas outside brackets. */
 		params = ++q;
-		next_index = 0;
+		next_index = next_tg = 0;
 		for (depth = 0; *q != '\0'; q++) {
 			if (*q == '(' || *q == '[' || *q == '<')
 				depth++;
@@ -213,7 +231,7 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 				    isspace((unsigned char)end[-1]); end--)
 					;
 				if (end > params && (err = param_entry(params,
-				    end, &next_index, out)) != NULL)
+				    end, &next_index, &next_tg, out)) != NULL)
 					return err;
 				params = q + 1;
 				if (*q == ')')
@@ -233,12 +251,13 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 }
 
 /*
- * Copy src to out, dropping the address space `threadgroup` where it
- * qualifies a pointer type in a cast, "(threadgroup float4 *)", or a
- * parameter, "(threadgroup float *t [[threadgroup(0)]]" or after a comma:
- * the header makes `threadgroup` a storage class (static: a threadgroup's
- * memory is shared by its threads), which C++ allows in declarations only.
- * (In the attribute it becomes [[static(0)]], an attribute C++ ignores.)
+ * Copy src to out, with TG_MARK (nothing, to the compiler) for the address
+ * space `threadgroup` where it qualifies a pointer type in a cast,
+ * "(threadgroup float4 *)", or a parameter, "(threadgroup float *t" or
+ * after a comma: the header makes `threadgroup` a storage class (static: a
+ * threadgroup's memory is shared by its threads), which C++ allows in
+ * declarations only; the mark tells param_entry the parameter's kind. (In
+ * an attribute it becomes [[static(0)]], which C++ ignores.)
  */
 static int
 copy_source(struct buf *out, const char *src, size_t len)
@@ -252,7 +271,8 @@ copy_source(struct buf *out, const char *src, size_t len)
 			if ((size_t)(end - q) > 11 &&
 			    strncmp(q, "threadgroup", 11) == 0 &&
 			    !is_ident((unsigned char)q[11])) {
-				if (put(out, p, 1) == -1)
+				if (put(out, p, 1) == -1 ||
+				    put(out, TG_MARK, strlen(TG_MARK)) == -1)
 					return -1;
 				p = q + 11;
 				continue;
