@@ -140,9 +140,9 @@ sess_free(struct session *s, const struct proto_tfree *t)
 
 uint8_t *
 sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
-    uint64_t offset, uint64_t count)
+    uint64_t offset, uint64_t count, struct buffer **bp)
 {
-	struct buffer *b = get_buffer(s, tag, handle);
+	struct buffer *b = *bp = get_buffer(s, tag, handle);
 
 	if (b != NULL && !range_ok(b->size, offset, count))
 		sess_errorf(s, tag, PROTO_ERANGE, "write of %llu bytes at "
@@ -164,10 +164,11 @@ int
 sess_write(struct session *s, const struct proto_twrite *t)
 {
 	struct be_span *span = NULL;
+	struct buffer *b;
 	uint8_t *dst;
 	int rc;
 
-	dst = sess_write_dst(s, t->h.tag, t->handle, t->offset, t->count);
+	dst = sess_write_dst(s, t->h.tag, t->handle, t->offset, t->count, &b);
 	/* Profiling: the time the data took to arrive into the buffer. */
 	if (dst != NULL && (span = sess_prof_add(s, PROTO_PROF_WRITE,
 	    t->h.tag, t->handle, 0, 0, t->count)) != NULL)
@@ -176,8 +177,7 @@ sess_write(struct session *s, const struct proto_twrite *t)
 	if (span != NULL)
 		span->end = sess_prof_now(s);
 	if (rc == 0 && dst != NULL)
-		sess_host_wrote(s, htab_get(&s->bufs, t->handle), t->offset,
-		    t->count);
+		sess_host_wrote(s, b, t->offset, t->count);
 	if (rc == 0 && dst != NULL && (t->h.flags & PROTO_FCACHE) &&
 	    s->cache != NULL && t->count > 0) {
 		cache_link_put(s->cache, dst, t->count);

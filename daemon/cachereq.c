@@ -41,11 +41,12 @@ int
 sess_writehash(struct session *s, const struct proto_twritehash *t)
 {
 	struct be_span *span;
+	struct buffer *b;
 	uint8_t *dst;
 	int rc;
 
 	if ((dst = sess_write_dst(s, t->h.tag, t->handle, t->offset,
-	    t->count)) == NULL)
+	    t->count, &b)) == NULL)
 		return -1;
 	if (s->cache == NULL)
 		return sess_errorf(s, t->h.tag, PROTO_ENOTCACHED, "this runner "
@@ -62,8 +63,7 @@ sess_writehash(struct session *s, const struct proto_twritehash *t)
 	switch (rc) {
 	case 0:
 		s->cache_in += t->count;
-		sess_host_wrote(s, htab_get(&s->bufs, t->handle), t->offset,
-		    t->count);
+		sess_host_wrote(s, b, t->offset, t->count);
 		return 0;
 	case CACHE_NOTHELD:
 		return sess_errorf(s, t->h.tag, PROTO_ENOTCACHED, "%s", s->err);

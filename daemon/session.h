@@ -163,9 +163,10 @@ void sess_end(struct session *s, const char *fmt, ...)
 
 /* buffers.c */
 /* Where count bytes at offset of buffer handle go, after launched work
- * settled; NULL after queueing the request's error. */
+ * settled, with the buffer in *bp (for sess_host_wrote); NULL after
+ * queueing the request's error. */
 uint8_t *sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
-    uint64_t offset, uint64_t count);
+    uint64_t offset, uint64_t count, struct buffer **bp);
 int sess_host_read(struct session *s, struct buffer *b);
 int sess_host_writes(struct session *s, struct buffer *b, uint64_t count);
 void sess_host_wrote(struct session *s, struct buffer *b, uint64_t offset,
