@@ -193,7 +193,7 @@ sess_crash_signal(int sig)
 		    sig == SIGALRM ? PROTO_ETIMEOUT : PROTO_ECRASH, text);
 		(void)!write(crash_fd, frame, n);
 	}
-	_exit(sig == SIGALRM ? 4 : 3);
+	_exit(sig == SIGALRM ? SESS_EXIT_TIMEOUT : SESS_EXIT_CRASH);
 }
 
 /* A link entry, once the session's earlier work has completed. */

@@ -83,6 +83,12 @@ static atomic_int stop_why;
 /* Set while stop_sessions() waits for session threads that cannot be
  * interrupted. */
 static atomic_int stop_waiting;
+/* Spawned sessions in a row whose process could not open the device (reap):
+ * at NODEVICE_STOP the device is taken to be gone (an eGPU unplugged), and
+ * the runner stops as after a loss, so that a service manager restarts it
+ * and it stops advertising a GPU it cannot give. */
+static int nodevice;
+#define NODEVICE_STOP	3
 /* Set by SIGHUP when the program asked for it (cfg->on_hup). */
 static atomic_int hup;
 static pthread_mutex_t slots_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -204,14 +210,20 @@ reap(int block)
 		else if (WIFSIGNALED(status))
 			log_warn("session %u ended by signal %d", sl->id,
 			    WTERMSIG(status));
-		else if (WEXITSTATUS(status) == 3)
+		else if (WEXITSTATUS(status) == SESS_EXIT_CRASH)
 			log_warn("session %u ended: a kernel crashed", sl->id);
-		else if (WEXITSTATUS(status) == 4)
+		else if (WEXITSTATUS(status) == SESS_EXIT_TIMEOUT)
 			log_warn("session %u ended: a kernel ran past the time "
 			    "limit", sl->id);
-		else if (WEXITSTATUS(status) == 5)
+		else if (WEXITSTATUS(status) == SESS_EXIT_LOST)
 			log_warn("session %u ended: the device was lost to its "
 			    "process; the other sessions go on", sl->id);
+		/* Any other end had a device, or ended before it looked. */
+		if (pid > 0 && WIFEXITED(status) &&
+		    WEXITSTATUS(status) == SESS_EXIT_NODEVICE)
+			nodevice++;
+		else if (pid > 0)
+			nodevice = 0;
 		peer_route_close((int)i);
 		slot_free((int)i);
 		nactive--;
@@ -297,7 +309,7 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 			    id, ctx->be->name, err);
 			refuse(fd, PROTO_EDEVICE, "the runner cannot open the "
 			    "device for this session; its log says why");
-			_exit(1);
+			_exit(SESS_EXIT_NODEVICE);
 		}
 		ctx->info = &info;
 	}
@@ -353,6 +365,14 @@ stdin_ended(void)
 static const char *
 device_lost(const struct mr_server_ctx *ctx)
 {
+	static char why[160];
+
+	if (nodevice >= NODEVICE_STOP) {
+		snprintf(why, sizeof(why), "%d sessions in a row could not "
+		    "open the %s device (their lines above say why): it is "
+		    "taken to be gone", nodevice, ctx->be->name);
+		return why;
+	}
 	return ctx->be->lost != NULL ? ctx->be->lost() : NULL;
 }
 
@@ -432,6 +452,7 @@ serve(const struct mr_config *cfg)
 	int lfd = -1, port = 0, rc = -1;
 
 	log_verbose = cfg->verbose;
+	nodevice = 0;
 	memset(&ctx, 0, sizeof(ctx));
 	ctx.cfg = cfg;
 	if ((ctx.be = mr_find_backend(cfg->backend)) == NULL) {

@@ -23,6 +23,14 @@
 #include "metal_runner.h"
 #include "proto.h"
 
+/* How a session process ends, for the runner's log (server.c, reap). */
+enum {
+	SESS_EXIT_CRASH = 3,	/* a kernel crashed (launch.c) */
+	SESS_EXIT_TIMEOUT = 4,	/* a kernel ran past the time limit */
+	SESS_EXIT_LOST = 5,	/* the device was lost to its process */
+	SESS_EXIT_NODEVICE = 6	/* a spawned session opened no device */
+};
+
 struct buffer {
 	struct be_buffer *b;
 	uint64_t size;

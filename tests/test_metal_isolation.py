@@ -4,7 +4,7 @@
 # same loss ends them all. On Linux this runs on the Metal emulator (tests/metal_emulator, a test harness), whose
 # METAL_EMU_REVOKE=NAME revokes the GPU from the process that runs kernel NAME; no Mac has run it. Against a Mac's runner
 # (METAL_RUNNER) these tests skip: they start runners of their own with the emulator's knob.
-import os, pathlib, struct
+import os, pathlib, struct, time
 import pytest
 from conftest import metal_runner_proc, needs_own_metal_runner
 from client import protocol as P
@@ -90,5 +90,39 @@ def test_revoked_gpu_access_ends_only_its_session_with_process_isolation(iso):
       assert (code, etag) == (P.EDEVICE, 0) and "AccessRevoked" in text and other.closed(), text
       r.proc.wait(timeout=10)
       assert r.proc.returncode == 1
+  finally:
+    r.stop()
+
+def refused(addr:str) -> str:
+  """A session the runner refuses before its handshake: the Rerror's text."""
+  from client.connection import Runner, RunnerConnectionError, RunnerError
+  with pytest.raises((RunnerError, RunnerConnectionError)) as e:
+    with Runner(addr, timeout=10) as c: c.ping()
+  return str(e.value)
+
+def test_a_gpu_gone_for_new_processes_stops_the_runner_after_three_sessions_in_a_row(tmp_path):
+  # each spawned session opens the device itself: once the GPU is gone (an eGPU unplugged; METAL_EMU_GONE: while the file
+  # exists, a process that looks finds none) every new session is refused. Before, the runner went on taking and refusing
+  # sessions, and advertising a GPU it could not give; now three in a row stop it, exit status 1, for its service manager
+  needs_own_metal_runner()
+  gone = tmp_path / "gone"
+  r = metal_runner_proc(env={"METAL_EMU_GONE": str(gone)})
+  try:
+    gone.touch()
+    for _ in range(2): assert "cannot open the device for this session" in refused(r.addr)
+    gone.unlink()                         # back: a session that opens it makes the count start again
+    a = session(r.addr)
+    assert add1(a) == [2.0, 3.0, 4.0, 5.0]
+    a.close()
+    r.wait_log("session 3: ended")
+    gone.touch()
+    for _ in range(2): assert "cannot open the device for this session" in refused(r.addr)
+    time.sleep(1.2)                       # two turns of the accept loop, which reaps
+    assert r.alive(), r.log_text(0)
+    assert "cannot open the device for this session" in refused(r.addr)
+    r.proc.wait(timeout=10)
+    assert r.proc.returncode == 1
+    log = r.log_text(0)
+    assert "3 sessions in a row could not open the metal device" in log and "no Metal device found" in log, log
   finally:
     r.stop()

@@ -790,12 +790,28 @@ device_get(int i)
 	return d;
 }
 
+/*
+ * METAL_EMU_GONE=PATH: while PATH exists the GPU is gone for a process
+ * that looks for it (an eGPU unplugged): no default device, none listed.
+ * A file, so that a test can take it away from a runner's later processes
+ * (spawned sessions) and not from the runner.
+ */
+static int
+gone(void)
+{
+	const char *p = getenv("METAL_EMU_GONE");
+
+	return p != NULL && access(p, F_OK) == 0;
+}
+
 /* The default device is the high-power one when there are two. */
 id <MTLDevice> _Nullable
 MTLCreateSystemDefaultDevice(void)
 {
 	if (getenv("METAL_EMU_NO_DEFAULT_DEVICE") != NULL)
 		return nil;	/* as for a tool that does not link CoreGraphics */
+	if (gone())
+		return nil;
 	return device_get(device_count() - 1);
 }
 
@@ -804,7 +820,7 @@ MTLCopyAllDevices(void)
 {
 	EmuDevice *d[2];
 	NSArray *all;
-	int i, n = device_count();
+	int i, n = gone() ? 0 : device_count();
 
 	for (i = 0; i < n; i++)
 		d[i] = device_get(i);
