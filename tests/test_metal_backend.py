@@ -163,15 +163,17 @@ def test_bad_bindings_under_the_debug_layer_end_only_their_request(metal_addr):
 TGPARAM = HEAD + (f"kernel void tgparam(device float* out, threadgroup float* t [[threadgroup(0)]], {IDS}) "
                   "{ t[lid.x] = 1.0f; threadgroup_barrier(mem_flags::mem_threadgroup); out[gid.x] = t[0]; }\n")
 
-# the same without [[threadgroup(0)]]: Metal gives it the first threadgroup index; and after a buffer given no index either
+# the same without [[threadgroup(0)]], after a buffer given no index either: the emulator gives it the first threadgroup index.
+# Whether Apple's compiler takes a threadgroup parameter without its index was not seen: on a Mac either text is EPROGRAM
 TGAUTO = HEAD + (f"kernel void tgauto(device float* out, threadgroup float* t, device float* a, {IDS}) "
                  "{ t[lid.x] = a[0]; threadgroup_barrier(mem_flags::mem_threadgroup); out[gid.x] = t[0]; }\n")
 
 @pytest.mark.parametrize("src", [TGPARAM, TGAUTO], ids=["attribute", "no-attribute"])
-def test_a_threadgroup_memory_parameter_is_eprogram(c, src):
+def test_a_threadgroup_memory_parameter_is_eprogram(c, metal_addr, src):
   load(c, 1, src, 1)
   code, _, text = c.errors(1)[0]
-  assert code == P.EPROGRAM and "takes threadgroup memory (Metal binding type 1) at index 0 as a parameter" in text, text
+  refused = "takes threadgroup memory (Metal binding type 1) at index 0 as a parameter" in text
+  assert code == P.EPROGRAM and (refused or (src is TGAUTO and not is_emulator(metal_addr))), text
   c.alloc(1, 64); c.alloc(2, 64)
   load(c, 2, ADD1, 2)                                  # the session goes on
   launched(c, 2, [(1, 0), (2, 0)], g=(16, 1, 1))
