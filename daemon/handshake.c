@@ -164,6 +164,18 @@ token_atfork(void)
 	pthread_atfork(token_lock_fork, token_unlock_fork, token_unlock_fork);
 }
 
+/* The token in force and its length; token_lock held. */
+static const uint8_t *
+token_in_force(const struct mr_config *cfg, size_t *len)
+{
+	if (token_new != NULL) {
+		*len = token_newlen;
+		return token_new;
+	}
+	*len = cfg->tokenlen;
+	return cfg->token;
+}
+
 int
 mr_token_replace(const uint8_t *token, size_t len)
 {
@@ -187,16 +199,16 @@ mr_token_replace(const uint8_t *token, size_t len)
 int
 mr_token_send(const struct mr_config *cfg, int fd)
 {
+	const uint8_t *token;
+	size_t len;
 	ssize_t n;
 
 	pthread_mutex_lock(&token_lock);
-	n = token_new != NULL ? write(fd, token_new, token_newlen) :
-	    write(fd, cfg->token, cfg->tokenlen);
-	n = n == (ssize_t)(token_new != NULL ? token_newlen : cfg->tokenlen) ?
-	    0 : -1;
+	token = token_in_force(cfg, &len);
+	n = write(fd, token, len);
 	pthread_mutex_unlock(&token_lock);
 	close(fd);
-	return (int)n;
+	return n == (ssize_t)len ? 0 : -1;
 }
 
 static void
@@ -217,18 +229,13 @@ static void
 auth_macs(const struct mr_config *cfg, const uint8_t *snonce,
     const uint8_t *cnonce, uint8_t client[32], uint8_t server[32])
 {
+	const uint8_t *token;
+	size_t len;
+
 	pthread_mutex_lock(&token_lock);
-	if (token_new != NULL) {
-		auth_mac(token_new, token_newlen, auth_client, snonce, cnonce,
-		    client);
-		auth_mac(token_new, token_newlen, auth_server, cnonce, snonce,
-		    server);
-	} else {
-		auth_mac(cfg->token, cfg->tokenlen, auth_client, snonce, cnonce,
-		    client);
-		auth_mac(cfg->token, cfg->tokenlen, auth_server, cnonce, snonce,
-		    server);
-	}
+	token = token_in_force(cfg, &len);
+	auth_mac(token, len, auth_client, snonce, cnonce, client);
+	auth_mac(token, len, auth_server, cnonce, snonce, server);
 	pthread_mutex_unlock(&token_lock);
 }
 

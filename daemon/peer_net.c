@@ -330,7 +330,7 @@ broker_serve(int sock, int timeout_s)
  * They inherit broker_fd.
  */
 int
-peer_broker_start(const struct mr_config *cfg, int lfd, char *err)
+peer_broker_start(const struct mr_config *cfg, char *err)
 {
 	struct sigaction sa;
 	int sp[2];
@@ -350,7 +350,6 @@ peer_broker_start(const struct mr_config *cfg, int lfd, char *err)
 	}
 	if (pid == 0) {
 		close(sp[1]);
-		close(lfd);
 #ifdef __linux__
 		if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 || getppid() == 1)
 			_exit(1);

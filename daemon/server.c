@@ -337,7 +337,7 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	/* Its own device's loss is this session's alone: the runner goes on
 	 * (the session told its client why). */
 	if (ctx->be->lost != NULL && ctx->be->lost() != NULL)
-		_exit(5);
+		_exit(SESS_EXIT_LOST);
 	_exit(0);
 }
 
@@ -480,7 +480,7 @@ serve(const struct mr_config *cfg)
 	 * broker (peer_net.c); without it they copy through the client.
 	 * Forked before the device is opened: Metal's must not be open in a
 	 * process that forks. */
-	if (iso != BE_ISOLATE_THREAD && peer_broker_start(cfg, -1, err) == -1)
+	if (iso != BE_ISOLATE_THREAD && peer_broker_start(cfg, err) == -1)
 		log_warn("%s; copies between runners go through clients", err);
 	if (ctx.be->open(&info, cfg->device, err) == -1) {
 		log_warn("cannot open the %s backend: %s", ctx.be->name, err);

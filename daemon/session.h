@@ -322,7 +322,7 @@ int peer_finish(int fd, uint64_t grant, const uint8_t *secret,
     const uint8_t *cnonce, uint64_t count, uint32_t *code, char *err);
 int peer_mac_equal(const uint8_t *a, const uint8_t *b);
 int peer_recv_all(int fd, void *buf, size_t n);
-int peer_broker_start(const struct mr_config *cfg, int lfd, char *err);
+int peer_broker_start(const struct mr_config *cfg, char *err);
 void peer_broker_stop(void);
 int peer_broker_attach(char *err);
 /* Spawned session processes (procspawn.c): the broker's socket to hand down,
