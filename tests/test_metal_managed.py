@@ -90,6 +90,59 @@ def test_a_part_written_after_the_gpu_keeps_the_gpus_bytes_around_it():
   finally:
     r.stop()
 
+def kernel_wrote(c:Raw):
+  """Buffer 1 (16 floats, i + 1.0) written by a kernel, all of it, and not read by the host since: its CPU copy is stale."""
+  for h in (1, 2): c.alloc(h, 64)
+  c.load(1, ADD1.encode(), "add1", nbufs=2, nvals=0, arch=0, kind=P.PROG_METAL_SOURCE)
+  c.write(2, 0, struct.pack("<16f", *range(16)))
+  add1(c, 1, 1, 2, 16)
+
+def reply(c:Raw, tag:int, want:int) -> dict:
+  t, f, p = c.frame()
+  assert (t, f["tag"]) == (want, tag), (P.TYPE_NAMES.get(t, t), f, p[:300])
+  return f
+
+# a peer's or a link's data into part of such a buffer: the runner reads the GPU's bytes into the CPU's copy first (9a1c9af), or
+# the emulator's didModifyRange:, which carries all of the CPU's copy as Metal may, puts the stale bytes around the part on the GPU
+PART = [1.0, 2.0, 100.0, 200.0] + [i + 1.0 for i in range(4, 16)]
+
+def test_a_peer_copy_into_part_of_a_buffer_the_gpu_wrote_keeps_the_gpus_bytes_around_it():
+  r = managed()
+  try:
+    src, dst = Raw(r.addr), Raw(r.addr)   # two sessions of one runner: a peer copy between them goes over a peer connection
+    kernel_wrote(dst)
+    g = reply(dst, dst.req(P.TGRANT, handle=1, offset=8, count=8, ttl=60), P.RGRANT)
+    src.alloc(9, 8); src.write(9, 0, struct.pack("<2f", 100.0, 200.0))
+    host, port = r.addr.rsplit(":", 1)
+    reply(src, src.req(P.TPEERSEND, host.encode(), handle=9, offset=0, count=8, grant=g["grant"], secret=g["secret"], port=int(port),
+                       hostlen=len(host)), P.RPEERSEND)
+    assert floats(dst, 1, 16) == PART
+    add1(dst, 1, 2, 1, 16)                                             # and a kernel sees the same
+    assert floats(dst, 2, 16) == [x + 1.0 for x in PART]
+    src.close(); dst.close()
+  finally:
+    r.stop()
+
+def test_a_link_receive_into_part_of_a_buffer_the_gpu_wrote_keeps_the_gpus_bytes_around_it():
+  r = managed()
+  try:
+    snd, rcv = Raw(r.addr), Raw(r.addr)   # two sessions of one runner, a link from one to the other
+    kernel_wrote(rcv)
+    g = reply(rcv, rcv.req(P.TLISTEN, link=7, ttl=60), P.RLISTEN)
+    host, port = r.addr.rsplit(":", 1)
+    reply(snd, snd.req(P.TDIAL, host.encode(), link=7, port=int(port), hostlen=len(host), grant=g["grant"], secret=g["secret"]), P.RDIAL)
+    snd.load(5, b"", "send", nbufs=1, nvals=2, arch=P.ARCH_NONE, entry=7, kind=P.PROG_LINK_SEND)
+    rcv.load(5, b"", "recv", nbufs=1, nvals=2, arch=P.ARCH_NONE, entry=7, kind=P.PROG_LINK_RECV)
+    snd.alloc(9, 8); snd.write(9, 0, struct.pack("<2f", 100.0, 200.0))
+    reply(snd, snd.launch(5, [(9, 0)], [8, 1], wait=True), P.RLAUNCH)   # 8 bytes on channel 1
+    reply(rcv, rcv.launch(5, [(1, 8)], [8, 1], wait=True), P.RLAUNCH)   # into floats 2 and 3 of buffer 1
+    assert floats(rcv, 1, 16) == PART
+    add1(rcv, 1, 2, 1, 16)
+    assert floats(rcv, 2, 16) == [x + 1.0 for x in PART]
+    snd.close(); rcv.close()
+  finally:
+    r.stop()
+
 # tinygrad end to end: TinyJit's graph (Tgraph), uploads and reads
 JIT = """
 import json, numpy as np, client.remote_metal
