@@ -2,7 +2,7 @@
 back the same bytes; and every bad-input class: a hash-write for content the session was not told is held, a length that
 is not the content's, content whose file does not hash to its name (forged or damaged), a truncated file, a directory that
 cannot be written or is full, sessions storing the same content at once. Runners here are the CPU backend on loopback."""
-import hashlib, os, pathlib, re, struct, threading, time
+import hashlib, json, os, pathlib, re, struct, threading, time
 import pytest
 from runner_proc import RunnerProc, until   # the runner stores content after the write that carried it: wait
 from client.connection import Runner, RunnerError
@@ -390,4 +390,35 @@ def test_cached_write_in_a_forked_child(tmp_path):
       os.kill(pid, 9)
       os.waitpid(pid, 0)
     assert w[0] == pid and os.waitstatus_to_exitcode(w[1]) == 0, "the child's cached write hung or failed"
+  finally: r.stop()
+
+AFTER_MAIN = """
+import json, os, sys, threading
+from client.connection import Runner
+data = os.urandom(8 << 20)
+rn = Runner(sys.argv[1])
+rn.alloc(h := rn.new_handle(), len(data))
+if sys.argv[2] == "started": rn.write(h, 0, data[::-1])   # the hashing thread's pool is started: it refuses work after the shutdown
+def late():
+  threading.main_thread().join()   # the main thread has returned: the interpreter shuts its thread pools down, then waits for this one
+  import time; time.sleep(0.5)
+  rn.write(h, 0, data)             # 8 chunks: the later groups' hashes would go to the hashing thread
+  out = bytearray(len(data)); rn.read(h, 0, out)
+  print(json.dumps({"same": out == data, "sent": rn.stats()["bytes_sent"]}), flush=True)
+threading.Thread(target=late).start()
+"""
+
+@pytest.mark.parametrize("pool", ["started", "never started"])
+def test_a_cached_write_from_a_thread_that_outlives_the_main_one(tmp_path, pool):
+  # the hashing thread's pool takes no more work once the main thread has returned ("cannot schedule new futures after interpreter
+  # shutdown"; "can't register atexit after shutdown" when it was never started): the write hashes those groups itself (ab697fd)
+  from conftest import run_python
+  r = cache_runner(tmp_path)
+  try:
+    p = run_python(AFTER_MAIN.replace("sys.argv[1]", repr(r.addr)).replace("sys.argv[2]", repr(pool)), timeout=60)
+    assert p.returncode == 0 and p.stdout.strip(), p.stdout + p.stderr[-3000:]
+    out = json.loads(p.stdout.splitlines()[-1])
+    assert out["same"] and out["sent"] > 8 * MB, (out, p.stderr[-3000:])   # sent by content: new to this cache
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert until(lambda: len(files(tmp_path / "cache")) == 8 * (1 + (pool == "started"))), files(tmp_path / "cache")   # each chunk kept
   finally: r.stop()
