@@ -1,9 +1,9 @@
 """client/connection.py against a real runner (and, for timeouts, a silent fake): what a tinygrad user ends up seeing."""
-import http.server, os, signal, socket, struct, threading, time
+import http.server, os, signal, socket, struct, subprocess, sys, threading, time
 import pytest
 from client import protocol as P
 from client.connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, parse_addr, full_addr
-from runner_proc import runner
+from runner_proc import runner, ROOT
 from wire import compile_kernel, ADD1, CRASH
 
 pytestmark = pytest.mark.cpu_only
@@ -138,3 +138,12 @@ def test_a_host_alone_means_the_runners_default_port(addr, hostport, full):
 
 def test_messages_name_the_address_with_its_port():
   with pytest.raises(RunnerConnectionError, match="runner macbok.invalid:6667: cannot connect"): Runner("macbok.invalid")
+
+def test_a_program_without_stderr_connects_and_writes(rp):
+  """Started with 2>&- (or by pythonw) a program has sys.stderr None: the client shows no upload progress and raises nothing (ab697fd)."""
+  code = ("import os, sys\nfrom client.connection import Runner\nassert sys.stderr is None\n"
+          f"with Runner({rp.addr!r}) as c:\n  data = os.urandom(1 << 20)\n  c.alloc(h := c.new_handle(), len(data)); c.write(h, 0, data)\n"
+          "  out = bytearray(len(data)); c.read(h, 0, out)\n  print(c.progress is None, out == data)\n")
+  p = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT), "METAL_RUNNER_PROGRESS": "0.1"}, cwd=str(ROOT),
+                     stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2), text=True, timeout=60)   # fd 2 closed in the child only
+  assert (p.returncode, p.stdout) == (0, "True True\n"), p
