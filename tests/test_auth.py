@@ -293,3 +293,33 @@ def test_a_resume_sends_nothing_to_a_runner_that_asks_for_no_token(ar, monkeypat
     assert fake.done.wait(5)
   finally: fake.close()
   assert fake.after == b"", f"the client sent {fake.after[:64]!r} to a runner that did not authenticate"
+
+# ---- a token file of another owner (a service's, root's): readable by its group is allowed, by others never
+
+def others_file(tmp_path, mode:int):
+  """A token file owned by nobody with mode, that this test (root) still reads; skips where it cannot chown."""
+  import pwd
+  if os.geteuid() != 0: pytest.skip("gives a file to another user: needs root")
+  try: nobody = pwd.getpwnam("nobody")
+  except KeyError: pytest.skip("no user nobody")
+  (tf := tmp_path / "token").write_bytes(TOKEN)
+  os.chown(tf, nobody.pw_uid, nobody.pw_gid)
+  tf.chmod(mode)
+  return tf
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o644], ids=lambda m: f"{m:04o}")
+def test_a_token_file_of_another_owner_may_be_group_readable_never_other_readable(tmp_path, mode, monkeypatch):
+  """Both the runner and the client: with the chmod o-rwx that fixes it when others can read it."""
+  tf = others_file(tmp_path, mode)
+  monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", str(tf))
+  if mode & 0o007:
+    p = run_daemon("--token-file", str(tf))
+    lines = p.stderr.splitlines()
+    assert p.returncode != 0 and p.stdout == "" and len(lines) == 1, (p.returncode, p.stdout, p.stderr)
+    assert lines[0].endswith(f"{tf}: the token file is open to others (mode {mode:04o}), as a secret must not be: chmod o-rwx {tf}"), lines[0]
+    with pytest.raises(conn.TokenFileError) as e: conn.Runner("127.0.0.1:1")   # before any connection
+    assert str(e.value) == (f"the token file {tf} (METAL_RUNNER_TOKEN_FILE) is open to others (mode {mode:04o}), as a secret must not be: "
+                            f"chmod o-rwx {tf}"), str(e.value)
+    return
+  with runner("--token-file", str(tf)) as r, conn.Runner(r.addr, timeout=10) as c:   # both read it: the client proves the runner's token
+    assert c.ping(b"group") == b"group"
