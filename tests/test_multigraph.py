@@ -2,7 +2,7 @@
 by layers between them, is one Tgraphrun per runner per step with the copies passed runner to runner on links, and gives tinygrad's
 CPU device's results. Faults: a link cut between the runners, a runner that stalls past the frame timeout, a runner that dies, and
 runners that cannot reach each other (the copies then go through the client). Each program runs in a python of its own."""
-import json, os, signal, subprocess, sys, threading, time
+import json, os, re, signal, subprocess, sys, threading, time
 import pytest
 from conftest import ROOT, metal_runner_proc, needs_own_metal_runner, run_python, runner
 from link_cutter import LinkCutter
@@ -170,8 +170,8 @@ def test_a_runner_that_stalls_past_the_frame_timeout_fails_the_step_not_the_sess
 
 @pytest.mark.cpu_only
 def test_a_runner_that_dies_mid_run_leaves_the_other_session_usable(daemon_bin):
-  """Runner 1 is killed in the middle of the run: runner 0's step fails with EPEER (its link's peer closed) within the frame timeout,
-  not a hang, and runner 0's session still answers."""
+  """Runner 1 is killed in the middle of the run: runner 0's step fails with EPEER naming its link to runner 1, whose peer closed
+  (link.c's peer_closed, before the send), within the frame timeout, not a hang, and runner 0's session still answers."""
   code = PROGRAM + r"""
 step = model(devs, "tp")
 x = Tensor(np.ones((64, 1), dtype=np.float32), device=devs[0])
@@ -193,6 +193,9 @@ os._exit(0)   # the other device's connection is gone: no orderly shutdown
   assert r.returncode == 0, r.stderr[-3000:]
   out = json.loads(r.stdout.splitlines()[-1])
   assert out["err"] is not None and out["alive"] and out["seconds"] < 20, out
+  # the step's first link entry on runner 0 sends: it finds the receiving runner's close before it writes (a send into the closed
+  # connection would succeed, and only the receive after it would fail); the client may name the runner in front of the link's text
+  assert "EPEER" in out["err"] and re.search(rf"link \d+ \(sends to {re.escape(a1)}\): the receiving runner closed the link", out["err"]), out
 
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("split", [False, True])
