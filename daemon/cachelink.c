@@ -8,28 +8,33 @@
  * path only as a pointer), and a session process runs the client's native
  * code, so it must never hold a descriptor that can name files. Instead
  * each session process forks, before it is confined, a *cache helper*: the
- * helper is the parent, keeps the cache directory, and serves the confined
- * child over a socketpair; the child holds only its end of that socket.
+ * helper is the child, keeps the cache directory, and serves the confined
+ * session over a socketpair; the session holds only its end of that socket.
  *
- * The helper trusts nothing the child sends: a kernel may have taken the
- * child over. It reads fixed 16-byte requests and bounded payloads, names
+ * The helper trusts nothing the session sends: a kernel may have taken the
+ * session over. It reads fixed 16-byte requests and bounded payloads, names
  * every file itself from the SHA-256 it computes over the bytes it stores
- * (never from anything the child names as a path), serves only content
+ * (never from anything the session names as a path), serves only content
  * that hashes to what was asked, and on any malformed request closes the
  * socket, which leaves the session without the cache, nothing more. The
- * worst a subverted child can do is store junk under the junk's own hash,
+ * worst a subverted session can do is store junk under the junk's own hash,
  * fill the cache up to --cache-size (evicting others' content, which is a
  * cost, never a wrong answer), or learn whether content whose hash it
  * already knows is cached. The helper runs as --user like the session, but
  * without a system call filter.
  *
- * The helper being the parent means the runner's slot holds its pid: it
- * waits for the session and exits with the session's status, so the
- * runner's log of crashes and time limits is unchanged, and a session
- * never leaves an unreaped helper behind. Both die with the runner
- * (PR_SET_PDEATHSIG), and the session with its helper.
+ * The session stays in the process the runner started, and the helper is
+ * the child of the fork: a spawned Metal session then opens its device in a
+ * process that was exec'd and has not forked since (Apple's fork(2): no
+ * framework is safe in a child of fork() until it execs; docs/metal.md),
+ * and the helper is plain C that never calls Metal. The runner's slot
+ * holds the session's own pid, so it sees the session's exit status (its
+ * log of crashes and time limits); the session ignores SIGCHLD, so a helper
+ * that ends first leaves no zombie. The session dies with the runner and
+ * the helper with its session (PR_SET_PDEATHSIG; elsewhere the helper ends
+ * when its socket does, at the session's exit).
  *
- * Requests, child to helper, in host byte order (same binary, same host):
+ * Requests, session to helper, in host byte order (same binary, same host):
  *   HAVE n, hash[32*n]        ->  held[n]
  *   GET len, hash[32]         ->  status[4] textlen[4] text, data[len] if 0
  *   PUT len, data[len]        ->  nothing
@@ -39,7 +44,6 @@
 #endif
 #include <sys/socket.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 
 #include <errno.h>
 #include <signal.h>
@@ -130,7 +134,7 @@ serve_get(int fd, uint64_t len, struct cache_pins *ps)
 	if (rd(fd, hash, sizeof(hash)) == -1)
 		return -1;
 	/* cache_get allocates the pinned content's own length, and only
-	 * when len equals it: never what the child declares. */
+	 * when len equals it: never what the session declares. */
 	r.status = cache_get(ps, hash, len, &data, err);
 	r.textlen = r.status == 0 ? 0 : (uint32_t)strlen(err);
 	rc = net_send_all(fd, &r, sizeof(r)) == -1 ||
@@ -195,10 +199,10 @@ helper_loop(int fd)
 int
 cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 {
-	int sv[2], status;
+	int sv[2];
 	pid_t child;
 #ifdef __linux__
-	pid_t helper = getpid();	/* the session's parent, checked below */
+	pid_t session = getpid();	/* the helper's parent, checked below */
 #endif
 
 	/* Without a helper, the confined session must not touch the store
@@ -215,34 +219,31 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 		return -1;
 	}
 	helper_failed = 0;
-	if (child == 0) {
-		/* The session. It must not outlive its helper either (on Linux:
-		 * other systems have no parent-death signal). */
+	if (child != 0) {
+		/* The session: this process goes on. Its helper is reaped by
+		 * the kernel when it ends. */
 		close(sv[0]);
 		helper_fd = sv[1];
-#ifdef __linux__
-		if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 ||
-		    getppid() != helper)
-			_exit(1);
-#endif
+		signal(SIGCHLD, SIG_IGN);
 		return 0;
 	}
-	/* The helper: no client socket, the session's user, then serve. */
+	/* The helper: not outliving its session (on Linux: other systems
+	 * have no parent-death signal, and it ends when the session's end
+	 * of the socket closes), no client socket, the session's user, then
+	 * serve. Plain C only from here: no device, no Metal. */
 	close(sv[1]);
 	close(clientfd);
+#ifdef __linux__
+	if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 || getppid() != session)
+		_exit(1);
+#endif
 	if (confine_user(cfg, err) == -1) {
 		log_warn("cache helper: %s; the session runs without the cache",
 		    err);
 		close(sv[0]);
 	} else
 		helper_loop(sv[0]);
-	while (waitpid(child, &status, 0) == -1 && errno == EINTR)
-		;
-	if (WIFSIGNALED(status)) {
-		signal(WTERMSIG(status), SIG_DFL);
-		raise(WTERMSIG(status));
-	}
-	_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+	_exit(0);
 }
 
 /* ---- the session's side ---- */

@@ -297,12 +297,13 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	/* The cache helper (cachelink.c) must exist before the session is
-	 * confined; this process becomes it and the session goes on in a
-	 * child. Without one the session runs without the cache. */
+	 * confined; it is a forked child and the session goes on in this
+	 * process. Without one the session runs without the cache. */
 	if (cache_enabled() && cache_helper_start(ctx->cfg, fd, err) == -1)
 		log_warn("session %u: no cache for this session: %s", id, err);
-	/* A spawned session opens its own device, after that fork: Metal
-	 * must not be open in a process that forks. */
+	/* A spawned session opens its own device after that fork, in the
+	 * process that was exec'd: Metal must not be used in a child of
+	 * fork() (before an exec), nor be open in a process that forks. */
 	if (open_be) {
 		if (ctx->be->open(&info, ctx->cfg->device, err) == -1) {
 			log_warn("session %u: cannot open the %s backend: %s",

@@ -126,3 +126,22 @@ def test_a_gpu_gone_for_new_processes_stops_the_runner_after_three_sessions_in_a
     assert "3 sessions in a row could not open the metal device" in log and "no Metal device found" in log, log
   finally:
     r.stop()
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_sessions_with_a_cache_open_the_device_in_a_process_that_did_not_fork(tmp_path, iso):
+  # Apple's fork(2): after fork() nothing of a framework is safe in the child until it execs (a forked daemon's Metal compiles
+  # fail: "Unable to reach MTLCompilerService", btxchain/btx#51). With --cache-dir each session process forks a cache helper
+  # before it opens the device; the session opened it in the forked child, so on a Mac every session of such a runner could
+  # lose Metal source or the device. The emulator refuses Metal in a child of fork() that has not exec'd, as a model of that
+  # rule; the session must stay in the spawned (exec'd) process and the helper, which never touches Metal, be the child
+  needs_own_metal_runner()
+  r = metal_runner_proc("--isolation", iso, "--cache-dir", str(tmp_path / "cache"))
+  try:
+    for _ in range(2):
+      c = session(r.addr)
+      assert c.info["caps"] & P.CAP_METAL_SOURCE and c.info["caps"] & P.CAP_CACHE, c.info
+      assert add1(c) == [2.0, 3.0, 4.0, 5.0]
+      c.close()
+    assert r.alive() and "a child of fork()" not in r.log_text(), r.log_text(0)
+  finally:
+    r.stop()

@@ -484,6 +484,54 @@ unified(void)
 }
 @end
 
+/* ---- Metal in a child of fork() ---- */
+
+/*
+ * Apple's fork(2), CAVEATS: "All APIs, including global data symbols, in any
+ * framework or library should be assumed to be unsafe after a fork() unless
+ * explicitly documented to be safe or async-signal safe. If you need to use
+ * these frameworks in the child process, you must exec." A process that
+ * forked is marked here (pthread_atfork) until it execs, which replaces this
+ * image and the mark with it; posix_spawn runs no fork handlers. In such a
+ * child every Metal entry point is refused: MTLCreateSystemDefaultDevice and
+ * MTLCopyAllDevices find no device (what a Mac does there is not known; a
+ * refusal the runner reports is what it can show), newLibraryWithSource:
+ * fails with the text reported from a Mac for a forked daemon
+ * (btxchain/btx#51: its compiler service lookup fails), and any other call
+ * (on an object made before the fork) stops the process, as nothing says
+ * what it would do on a Mac.
+ */
+static pid_t emu_fork_parent;	/* set in a child of fork(), else 0 */
+
+static void
+emu_fork_child(void)
+{
+	emu_fork_parent = getppid();
+}
+
+__attribute__((constructor))
+static void
+emu_fork_watch(void)
+{
+	pthread_atfork(NULL, NULL, emu_fork_child);
+}
+
+int
+emu_forked(const char *call, int stop)
+{
+	if (emu_fork_parent == 0)
+		return 0;
+	emu_log("%s in process %ld, a child of fork() (from %ld) that has not "
+	    "called exec: %s. Apple's fork(2): \"All APIs ... in any framework "
+	    "or library should be assumed to be unsafe after a fork() ... If "
+	    "you need to use these frameworks in the child process, you must "
+	    "exec.\"", call, (long)getpid(), (long)emu_fork_parent, stop ?
+	    "stopping the process" : "refused");
+	if (stop)
+		abort();
+	return 1;
+}
+
 /* ---- the device ---- */
 
 @interface EmuDevice : NSObject <MTLDevice> {
@@ -560,6 +608,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 - (nullable id <MTLCommandQueue>)newCommandQueue
 {
+	emu_forked("newCommandQueue", 1);
 	return emu_queue_new(self);
 }
 
@@ -570,6 +619,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	EmuBuffer *b;
 	uint8_t *m;
 
+	emu_forked("newBufferWithLength:options:", 1);
 	if (options != MTLResourceStorageModeShared &&
 	    options != MTLResourceStorageModeManaged)
 		emu_log("newBufferWithLength: options %lu: only shared and "
@@ -642,6 +692,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	uint32_t lv;
 	unsigned version, newest = newest_language();
 
+	emu_forked("newLibraryWithData:error:", 1);
 	emu_dispatch_bytes(data, &p, &n);
 	if (n < 12 || memcmp(p, "MTLBEMU1", 8) != 0) {
 		if (error != NULL)
@@ -683,10 +734,12 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	 * Metal in launchd daemons: every source compile fails, with the text
 	 * those reports quote. The code a Mac gives was not seen here;
 	 * MTLLibraryErrorInternal (2) is a guess. Metallibs do not go through
-	 * the service and are unaffected.
+	 * the service and are unaffected. In a child of fork() that has not
+	 * exec'd, as reported from a Mac for a forked daemon (btxchain/btx#51).
 	 */
-	if (getenv("METAL_EMU_NO_COMPILER") != NULL &&
-	    strcmp(getenv("METAL_EMU_NO_COMPILER"), "1") == 0) {
+	if ((getenv("METAL_EMU_NO_COMPILER") != NULL &&
+	    strcmp(getenv("METAL_EMU_NO_COMPILER"), "1") == 0) ||
+	    emu_forked("newLibraryWithSource:options:error:", 0)) {
 		if (error != NULL)
 			*error = emu_error(2, "Unable to reach MTLCompilerService. "
 			    "The process is unavailable because the compiler is "
@@ -736,6 +789,8 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	EmuFunction *f = (EmuFunction *)function;
 	EmuPipeline *p;
 
+	emu_forked("newComputePipelineStateWithFunction:options:reflection:"
+	    "error:", 1);
 	if (f == nil) {
 		if (error != NULL)
 			*error = emu_error(1, "no function");
@@ -810,7 +865,7 @@ MTLCreateSystemDefaultDevice(void)
 {
 	if (getenv("METAL_EMU_NO_DEFAULT_DEVICE") != NULL)
 		return nil;	/* as for a tool that does not link CoreGraphics */
-	if (gone())
+	if (gone() || emu_forked("MTLCreateSystemDefaultDevice", 0))
 		return nil;
 	return device_get(device_count() - 1);
 }
@@ -820,7 +875,8 @@ MTLCopyAllDevices(void)
 {
 	EmuDevice *d[2];
 	NSArray *all;
-	int i, n = gone() ? 0 : device_count();
+	int i, n = gone() || emu_forked("MTLCopyAllDevices", 0) ? 0 :
+	    device_count();
 
 	for (i = 0; i < n; i++)
 		d[i] = device_get(i);

@@ -56,6 +56,9 @@ void emu_macos(int v[3]);
 
 /* device.m */
 #define EMU_ARG_TABLE 31	/* buffer argument table entries */
+/* In a child of fork() that has not exec'd (Apple: Metal is unsafe there):
+ * logs call, then aborts if stop, else returns 1 (refuse it); 0 elsewhere. */
+int emu_forked(const char *call, int stop);
 
 @interface EmuBuffer : NSObject <MTLBuffer> {
 @public

@@ -289,6 +289,7 @@ cmd_release(struct emu_cmd *c)
 {
 	EmuQueue *q = queue;
 
+	emu_forked("-[MTLCommandBuffer commit]", 1);
 	if (atomic_load(&status) != MTLCommandBufferStatusNotEnqueued) {
 		/* Metal asserts here, validation layer or not. */
 		emu_log("-[MTLCommandBuffer commit]: commit an already "
@@ -779,6 +780,7 @@ queue_thread(void *arg)
 {
 	EmuCommandBuffer *cb;
 
+	emu_forked("-[MTLCommandQueue commandBuffer]", 1);
 	if (nth_call("METAL_EMU_NIL_COMMAND_BUFFER", &emu_ncmdbufs))
 		return nil;
 	/* Block while 64 are uncompleted, as Metal does. */
