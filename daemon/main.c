@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -251,6 +252,30 @@ on_listen(const char *host, int port, void *arg)
 	fflush(stdout);
 }
 
+/*
+ * Started with stdin, stdout or stderr closed (a service manager, a parent
+ * that closed them): /dev/null in its place. Otherwise the first file the
+ * runner opens takes that number, and its log lines or "listening on" go
+ * into it (the session table's shared memory on Linux), and on macOS every
+ * session is refused: posix_spawn's inherit action fails on a closed
+ * descriptor (procspawn.c). As daemon(3) does. 0, or -1 with errno.
+ */
+static int
+stdio_open(void)
+{
+	int fd, nfd;
+
+	/* Lowest first: open takes the lowest free number. */
+	for (fd = 0; fd < 3; fd++)
+		if (fcntl(fd, F_GETFD) == -1 && errno == EBADF &&
+		    (nfd = open("/dev/null", O_RDWR)) != fd) {
+			if (nfd != -1)
+				close(nfd);
+			return -1;
+		}
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
@@ -304,6 +329,11 @@ main(int argc, char **argv)
 	const char *speer = "?";
 	uint8_t *token = NULL;
 
+	if (stdio_open() == -1) {
+		fprintf(stderr, "metal_runner: cannot open /dev/null in place of "
+		    "a closed stdin, stdout or stderr: %s\n", strerror(errno));
+		return 1;
+	}
 	mr_config_defaults(&cfg);
 	cfg.on_listen = on_listen;
 	cfg.on_listen_arg = &la;

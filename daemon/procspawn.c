@@ -33,6 +33,7 @@
 #include <sys/types.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <spawn.h>
@@ -179,10 +180,13 @@ spawn_session(const struct mr_config *cfg, int fd, uint32_t id, int slot,
 	for (i = 0; i < n; i++)
 		posix_spawn_file_actions_adddup2(&fa, base + i, SPAWN_FD0 + i);
 #if defined(__APPLE__)
-	/* Only what the actions name is inherited: stdio by name too. */
+	/* Only what the actions name is inherited: stdio by name too, if
+	 * open (XNU fails the whole spawn, EBADF, on a closed one; main.c
+	 * opens /dev/null on them, a program embedding the runner may not). */
 	posix_spawnattr_setflags(&attr, POSIX_SPAWN_CLOEXEC_DEFAULT);
 	for (i = 0; i < 3; i++)
-		posix_spawn_file_actions_addinherit_np(&fa, i);
+		if (fcntl(i, F_GETFD) != -1)
+			posix_spawn_file_actions_addinherit_np(&fa, i);
 #elif defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && \
     __GLIBC_MINOR__ >= 34))
 	posix_spawn_file_actions_addclosefrom_np(&fa, SPAWN_FD0 + n);

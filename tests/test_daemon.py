@@ -209,3 +209,46 @@ def test_a_runner_started_on_one_cpu_runs_kernels_on_one_thread():
     c = Raw(r.addr, hello=False)
     assert c.hello()["ncores"] == 1
   finally: r.stop()
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads descriptors in /proc")
+@pytest.mark.parametrize("iso", ["process", "spawn"])
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_runner_started_with_stdin_stdout_or_stderr_closed_serves(tmp_path, closed, iso):
+  """Started with one of fds 0-2 closed (a service manager, a parent that closed it), the runner puts /dev/null there. Before,
+  the first file it opened took the number: its "listening on" and log lines went into the session table's shared memory
+  (with stderr closed it crashed at start), and on macOS every spawned session was refused (posix_spawn's inherit action
+  fails on a closed descriptor). With the cache, which forks a helper in each session."""
+  import re, subprocess
+  from runner_proc import build
+  out_r, out_w = os.pipe()      # the runner's stdout and stderr, but for the closed one
+  p = subprocess.Popen([str(build()), "--host", "127.0.0.1", "--port", "0", "--isolation", iso, "--cache-dir", str(tmp_path / "c")],
+                       stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, preexec_fn=lambda: os.close(closed))
+  os.close(out_w)
+  try:
+    log, deadline = b"", time.monotonic() + 10
+    while not (m := re.search(rb"listening on 127\.0\.0\.1:(\d+)\n", log)) and p.poll() is None and time.monotonic() < deadline:
+      log += os.read(out_r, 4096)
+    assert m, (p.poll(), log)
+    fds = lambda pid: [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in range(3)]
+    assert fds(p.pid)[closed] == "/dev/null", fds(p.pid)
+    c = Raw(f"127.0.0.1:{m[1].decode()}")
+    data = os.urandom(1 << 20)
+    c.alloc(1, len(data))
+    c.req(P.TWRITE, data, flags=P.FCACHE, handle=1, offset=0, count=len(data))
+    assert c.read(1, 0, len(data)) == data
+    kids = open(f"/proc/{p.pid}/task/{p.pid}/children").read().split()
+    sess = [int(k) for k in kids if open(f"/proc/{k}/comm").read().strip() != "mr_peer_broker"]
+    assert len(sess) == 1 and fds(sess[0])[closed] == "/dev/null", (sess, sess and fds(sess[0]))
+    c.close()
+    if closed != 2:   # the log reaches stderr
+      os.set_blocking(out_r, False)
+      deadline = time.monotonic() + 5
+      while b"session 1: ended" not in log and time.monotonic() < deadline:
+        try: log += os.read(out_r, 4096)
+        except BlockingIOError: time.sleep(0.05)
+      assert b"session 1: ended" in log, log
+  finally:
+    if p.poll() is None: os.kill(p.pid, signal.SIGTERM)
+    p.wait(10)
+    os.close(out_r)
+  assert p.returncode == 0
