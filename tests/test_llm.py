@@ -4,7 +4,7 @@
 import re, subprocess, sys
 import pytest
 from conftest import ROOT
-from runner_proc import runner
+from runner_proc import runner, until
 from ggufgen import write
 from llm_app import env_for, served
 
@@ -21,7 +21,18 @@ def logged():
   """A runner logging each program it loads (-vv): the proof that the kernels ran there."""
   with runner("-vv") as r: yield r
 
-def loaded(r) -> list[str]: return re.findall(r"session \d+: loaded (\S+)", r.log_text())
+def sessions(r) -> set[int]: return {int(n) for n in re.findall(r"session (\d+): accepted a connection", r.log_text(0))}
+
+def own_log(r, before:set[int]) -> dict[int, str]:
+  """The log lines of each session the runner accepted since `before` (sessions()) was taken, once each has ended: another test's never
+  count (the runner is shared by the module)."""
+  def lines() -> dict[int, str]:
+    log = r.log_text(0).splitlines()
+    return {n: "\n".join(l for l in log if f" session {n}: " in l) for n in sessions(r) - before}
+  assert until(lambda: all(": ended: " in t for t in lines().values()), 10), lines()
+  return lines()
+
+def loaded(log:str) -> list[str]: return re.findall(r"session \d+: loaded (\S+)", log)
 
 # *** the stand-in
 
@@ -74,16 +85,23 @@ def test_without_the_stand_in_tinygrad_llm_does_not_start():
 # *** tinygrad.llm through a runner
 
 def test_help_through_client_run(logged):
+  """`client run` connects to the runner before the program starts (a runner that cannot be used stops it): the help comes after a
+  session of the runner's, with nothing loaded."""
+  before = sessions(logged)
   p = python("-m", "client", "run", "--runner", logged.addr, "-m", "tinygrad.llm", "--help")
   assert p.returncode == 0 and "--serve" in p.stdout, p.stderr
+  own = own_log(logged, before)
+  assert len(own) == 1 and all("client connected from 127.0.0.1" in t and not loaded(t) for t in own.values()), own
 
 @pytest.mark.slow
 def test_benchmark_decodes_on_the_runner(model, logged):
+  before = sessions(logged)
   p = python("-m", "client", "run", "--runner", logged.addr, "-m", "tinygrad.llm", "--model", model, "--max_context", CTX, "--benchmark", "6")
   assert p.returncode == 0, p.stderr
   assert re.search(r"using model \"ggufgen-llama\" with [\d,]+ bytes and 115,008 params, max context 64 on REMOTE\n", p.stdout), p.stdout
   assert len(re.findall(r"tok/s", p.stdout)) == 6, p.stdout
-  assert loaded(logged), "no kernel was loaded on the runner"
+  own = own_log(logged, before)   # this program's sessions only: the module's other tests load kernels on this runner too
+  assert any(loaded(t) for t in own.values()), f"no kernel was loaded on the runner by this program's sessions: {own}"
 
 CHAT = "Hello world\n"
 
