@@ -99,6 +99,7 @@ def main(argv:list[str]) -> int:
     print(e, file=sys.stderr)
     return 1
   stand_in_llm_kernels()
+  if flag == "-m" and target == "tinygrad.llm": place_over_runners()
   # -m a.b imports the package a to find b: only now, so that the package's own code finds the devices installed
   if flag == "-m" and not importable(target):
     print(f"python -m client run: No module named {target}", file=sys.stderr)
@@ -115,6 +116,14 @@ def stand_in_llm_kernels():
   while it is (client/llm_kernels.py), in the program as in its children (run_site/sitecustomize.py)."""
   from .llm_kernels import install
   install()
+
+def place_over_runners():
+  """tinygrad.llm with several runners named: its model over all of them, a range of blocks each (client/placement.py). With one, nothing
+  of it is imported: the app runs as it does on one device."""
+  from .discovery import runner_addrs
+  if len(runner_addrs()) > 1:
+    from .placement import across_runners
+    across_runners()
 
 def list_devices():
   """`-m tinygrad.device`, tinygrad's list of its devices, with the runner's. Run by runpy, tinygrad/device.py would be a second copy of

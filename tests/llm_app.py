@@ -49,6 +49,9 @@ if __name__ == "__main__":
   sys.path.insert(0, str(ROOT))
   from client.llm_kernels import install
   install()
+  if os.environ.get("METAL_RUNNER_CLIENT_RUN") == "1":   # as client run does for -m tinygrad.llm: several runners hold the model together
+    from client.run import place_over_runners
+    place_over_runners()
   import tinygrad.llm.serve as serve
   bind = serve.LLMServer.__init__
   serve.LLMServer.__init__ = lambda self, addr, *a: bind(self, ("127.0.0.1", addr[1]), *a)

@@ -1,0 +1,145 @@
+# One tinygrad.llm model over several CPU runners (client/placement.py): `python -m client run --runner a,b[,c] -m tinygrad.llm`, split by
+# layers. The split itself (plan) checked on its own first; then the app through 2 and 3 runners on 127.0.0.1, against tinygrad's own CPU
+# device for the same text, with small GGUFs made here (tests/ggufgen.py), and the runners' logs for what each received.
+import re, subprocess, sys
+import pytest
+from conftest import ROOT
+from runner_proc import RunnerProc
+from ggufgen import write
+from llm_app import env_for, served
+
+CTX = "64"
+
+def python(*argv:str, env:dict|None=None, stdin:str|None=None, timeout:float=400) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, *argv], env=env_for(env or {}), input=stdin, capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
+
+class Runners:
+  """n CPU runners on 127.0.0.1 logging their sessions (-v), stopped by pid."""
+  def __init__(self, n:int, *args:str): self.procs = [RunnerProc("-v", *args) for _ in range(n)]
+  def __enter__(self): return self
+  def __exit__(self, *exc):
+    for r in self.procs: r.stop()
+  @property
+  def addr(self) -> str: return ",".join(r.addr for r in self.procs)
+  def bytes_in(self) -> list[int]:
+    """Bytes each runner received from its client: the session that ran the model (the largest), from the log line at its end."""
+    return [max([int(b) for b in re.findall(r"ended: .*?, (\d+) bytes in", r.wait_log("bytes in"))], default=0) for r in self.procs]
+
+# *** the split, without runners
+
+from client.placement import DoesNotFit, plan   # noqa: E402
+
+DEVS = ("REMOTE", "REMOTE:1", "REMOTE:2")
+
+def ranges(p) -> list[tuple[int, int]]: return [(q.blocks.start, q.blocks.stop) for q in p.parts]
+
+def test_equal_runners_get_equal_contiguous_ranges_embedding_first_head_last():
+  p = plan(DEVS[:2], [10] * 8, [1] * 8, 5, 5, [None, None], [1.0, 1.0], headroom=0)
+  assert ranges(p) == [(0, 4), (4, 8)]
+  assert [(q.first, q.last, q.weights, q.kv) for q in p.parts] == [(True, False, 45, 4), (False, True, 45, 4)]
+  p = plan(DEVS, [10] * 9, [0] * 9, 0, 0, [None] * 3, [1.0] * 3, headroom=0)
+  assert ranges(p) == [(0, 3), (3, 6), (6, 9)]
+
+def test_a_faster_runner_gets_more_blocks_within_its_memory():
+  assert ranges(plan(DEVS[:2], [10] * 9, [0] * 9, 0, 0, [None, None], [1.0, 0.5], headroom=0)) == [(0, 6), (6, 9)]
+  # the fast one holds 4 blocks at most: the rest go to the slow one
+  assert ranges(plan(DEVS[:2], [10] * 9, [0] * 9, 0, 0, [40, None], [1.0, 0.5], headroom=0)) == [(0, 4), (4, 9)]
+  # memory counts the KV cache and the headroom too
+  assert ranges(plan(DEVS[:2], [10] * 8, [2] * 8, 0, 0, [40, None], [1.0, 1.0], headroom=4)) == [(0, 3), (3, 8)]
+
+def test_a_model_that_fits_nowhere_is_refused_with_what_each_runner_offers():
+  with pytest.raises(DoesNotFit) as e:
+    plan(DEVS[:2], [3 << 20] * 4, [1 << 20] * 4, 1 << 20, 1 << 20, [8 << 20, 8 << 20], [1.0, 1.0], ["h:1", "h:2"], headroom=2 << 20)
+  assert "h:1 offers 8.0 MiB, h:2 offers 8.0 MiB" in str(e.value)
+  assert "needs 14.0 MiB of weights" in str(e.value) and "4.0 MiB of KV cache" in str(e.value) and "nothing was uploaded" in str(e.value)
+
+# *** the app over runners
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+  d = tmp_path_factory.mktemp("gguf")
+  # small: 4 blocks at dim 64, so that 3 runners get a block or more each; half: 6.4 MB in 4 blocks at dim 256, weights well above
+  # what the kernels weigh, held by two runners of --session-mem 9M and by neither one alone
+  return {"small": write(str(d / "small.gguf"), blocks=4), "half": write(str(d / "half.gguf"), blocks=4, dim=256, ffn=1536)}
+
+def texts(p:subprocess.CompletedProcess) -> list[str]:
+  """The text after each decode step of --benchmark."""
+  assert p.returncode == 0, p.stderr[-3000:]
+  return re.findall(r"tok/s.*--  (.*)", p.stdout)
+
+@pytest.fixture(scope="module")
+def cpu_benchmark(models):
+  """The --benchmark text of a model on tinygrad's own CPU device, made once per model, when a test first asks for it."""
+  made: dict[str, list[str]] = {}
+  def get(k:str) -> list[str]:
+    if k not in made:
+      made[k] = texts(python("-m", "client.llm_kernels", "--model", models[k], "--max_context", CTX, "--benchmark", "6", env={"DEV": "CPU"}))
+    return made[k]
+  return get
+
+def placement_line(stderr:str) -> str:
+  lines = [s for s in stderr.splitlines() if s.startswith("placement over")]
+  assert len(lines) == 1, stderr[-3000:]
+  return lines[0]
+
+def shares(line:str) -> list[float]:
+  """Bytes each runner was given, in MiB, from the placement line."""
+  return [float(x) for x in re.findall(r", ([\d.]+) MiB(?:;|$)", line)]
+
+@pytest.mark.slow
+def test_benchmark_over_two_runners_that_each_hold_half(models, cpu_benchmark):
+  """Neither runner could hold the model (the whole file to one device, as tinygrad.llm loads it, is 6.4 MB of 9 MiB, and the blocks' KV
+  caches and headroom on top); each receives only its half, and the text is the CPU device's."""
+  with Runners(2, "--session-mem", "9M") as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["half"], "--max_context", CTX,
+               "--benchmark", "6")
+    assert texts(p) == cpu_benchmark("half") and len(texts(p)) == 6
+    line = placement_line(p.stderr)
+    assert re.match(rf"placement over 2 runners: REMOTE {rs.procs[0].addr} blocks 0-1 and the embedding, [\d.]+ MiB; "
+                    rf"REMOTE:1 {rs.procs[1].addr} blocks 2-3 and the output norm and head, [\d.]+ MiB$", line), line
+    got, share = rs.bytes_in(), shares(line)
+    assert len(share) == 2 and all(abs(g / (1 << 20) - s) <= 0.1 * s for g, s in zip(got, share)), (got, share)
+    assert "max context 64 on REMOTE" in p.stdout
+
+@pytest.mark.slow
+def test_benchmark_over_three_runners(models, cpu_benchmark):
+  with Runners(3) as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["small"], "--max_context", CTX,
+               "--benchmark", "6", env={"DEBUG": "1"})
+    assert texts(p) == cpu_benchmark("small")
+    assert placement_line(p.stderr).startswith("placement over 3 runners: ")
+    assert "timing pass: REMOTE:" in p.stderr and "ranges that fit" in p.stderr   # DEBUG=1 says why
+    assert all(b > 0 for b in rs.bytes_in())
+
+def test_a_model_that_fits_nowhere_is_refused_before_any_upload(models):
+  with Runners(2, "--session-mem", "5M") as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["half"], "--max_context", CTX,
+               "--benchmark", "2")
+    assert p.returncode == 1, p.stderr[-3000:]
+    a, b = rs.procs[0].addr, rs.procs[1].addr
+    assert re.search(rf"^metal_runner: the model does not fit on these runners \({a} offers 5.0 MiB, {b} offers 5.0 MiB, per session.*"
+                     r"needs [\d.]+ MiB of weights.*nothing was uploaded$", p.stderr, re.M), p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    assert all(n < 4096 for n in rs.bytes_in()), rs.bytes_in()   # the handshakes, no weights
+
+def ask(url:str, stream:bool) -> str:
+  import openai
+  c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+  args = dict(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0, max_tokens=12)
+  if not stream: return c.chat.completions.create(**args).choices[0].message.content or ""
+  return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**args, stream=True) if ch.choices)
+
+@pytest.fixture(scope="module")
+def cpu_served(models, tmp_path_factory) -> str:
+  with served([], ["--model", models["small"], "--max_context", CTX], {"DEV": "CPU"}, tmp_path_factory.mktemp("cpu") / "cpu.log") as (url, _):
+    return ask(url, False)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 3])
+def test_serve_over_runners_answers_with_the_cpu_devices_text(models, cpu_served, tmp_path, n):
+  with Runners(n) as rs:
+    with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["small"], "--max_context", CTX], {}, tmp_path / "s.log") as (url, _):
+      streamed, whole = ask(url, True), ask(url, False)
+    assert f"placement over {n} runners" in (log:=(tmp_path / "s.log").read_text()) and "max context 64 on REMOTE" in log
+    assert all(b > 0 for b in rs.bytes_in())
+  assert len(cpu_served) > 0 and streamed == whole == cpu_served, (streamed, whole, cpu_served)
