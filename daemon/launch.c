@@ -196,17 +196,24 @@ sess_crash_signal(int sig)
 	_exit(sig == SIGALRM ? SESS_EXIT_TIMEOUT : SESS_EXIT_CRASH);
 }
 
-/* A link entry, once the session's earlier work has completed. */
+/* A link entry, once the session's earlier work has completed; span (the
+ * profile's record, or NULL) gets its start and, done, its end. */
 static int
 run_link(struct session *s, uint32_t tag, uint32_t prog,
-    const struct proto_arg *args, const int64_t *vals)
+    const struct proto_arg *args, const int64_t *vals, struct be_span *span)
 {
 	if (s->dirty) {
 		s->dirty = 0;
 		if (s->be->sync(s->bs, s->err) == -1)
 			return sess_errorf(s, tag, PROTO_EDEVICE, "%s", s->err);
 	}
-	return link_run(s, tag, htab_get(&s->progs, prog), args, vals);
+	if (span != NULL)
+		span->start = sess_prof_now(s);
+	if (link_run(s, tag, htab_get(&s->progs, prog), args, vals) == -1)
+		return -1;
+	if (span != NULL)
+		span->end = sess_prof_now(s);
+	return 0;
 }
 
 int
@@ -232,9 +239,19 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 		return wait ? sess_fail_reply(s) : -1;
 	if (l.prog == NULL) {
 		int64_t t0 = mono_ns();
-		if (run_link(s, m->h.tag, pl.prog, args, vals) == -1 ||
-		    link_flush(s, m->h.tag) == -1)
+		l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog,
+		    0, 0, (uint64_t)vals[0]);
+		if (run_link(s, m->h.tag, pl.prog, args, vals, l.span) == -1) {
+			link_drain(s);
+			sess_prof_drop(s, l.span != NULL);
 			return wait ? sess_fail_reply(s) : -1;
+		}
+		if (link_flush(s, m->h.tag) == -1) {
+			sess_prof_drop(s, l.span != NULL);
+			return wait ? sess_fail_reply(s) : -1;
+		}
+		if (l.span != NULL)	/* a send's: until the link took it */
+			l.span->end = sess_prof_now(s);
 		ns = (uint64_t)(mono_ns() - t0);
 		goto done;
 	}
@@ -459,9 +476,10 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 		a += e->l.nbufs;
 	}
 	for (i = 0; s->prof != NULL && i < g->count; i++)
-		if (s->launches[i].prog != NULL && (s->launches[i].span =
-		    sess_prof_add(s, PROTO_PROF_GRAPH, t->h.tag, g->e[i].l.prog,
-		    t->graph, (unsigned)i, 0)) != NULL)
+		if ((s->launches[i].span = sess_prof_add(s, PROTO_PROF_GRAPH,
+		    t->h.tag, g->e[i].l.prog, t->graph, (unsigned)i,
+		    s->launches[i].prog != NULL ? 0 :
+		    (uint64_t)g->e[i].vals[0])) != NULL)
 			nprof++;
 	snprintf(gname, sizeof(gname), "in graph %u", t->graph);
 	/* The kernels between two link entries go to the backend as one
@@ -484,6 +502,8 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 				sess_prof_drop(s, nprof);
 				sess_errorf(s, t->h.tag, PROTO_EDEVICE,
 				    "graph %u: %s", t->graph, s->err);
+				if (nlinks > 0)
+					link_drain(s);
 				return wait ? sess_fail_reply(s) : -1;
 			}
 			ns += part;
@@ -491,14 +511,20 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 		if (i == g->count)
 			break;
 		if (run_link(s, t->h.tag, g->e[i].l.prog, g->e[i].args,
-		    g->e[i].vals) == -1)
+		    g->e[i].vals, s->launches[i].span) == -1) {
+			/* The sends before it still end as in a good run. */
+			sess_prof_drop(s, nprof);
+			link_drain(s);
 			return wait ? sess_fail_reply(s) : -1;
+		}
 		nlinks++;
 		start = i + 1;
 	}
 	if (nlinks > 0) {
-		if (link_flush(s, t->h.tag) == -1)
+		if (link_flush(s, t->h.tag) == -1) {
+			sess_prof_drop(s, nprof);
 			return wait ? sess_fail_reply(s) : -1;
+		}
 		if (wait) {	/* the device time and the links' */
 			s->dirty = 0;
 			if (s->be->sync(s->bs, s->err) == -1) {

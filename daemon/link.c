@@ -21,7 +21,9 @@
  * waits in the link's out buffer (a copy, so later kernels may overwrite
  * the range), and goes out while the session waits to receive, or at the
  * end of the run. Two runners that send to each other before they receive
- * therefore never wait for each other.
+ * therefore never wait for each other. A request ends only when its bytes
+ * left the out buffers, so a link that breaks holding some fails the
+ * request that sent them (lost), never a later one alone.
  */
 #include <sys/types.h>
 #include <sys/socket.h>
@@ -53,6 +55,7 @@ struct link {
 	char broken[256];	/* why it can no longer be used, or "" */
 	uint8_t *out;		/* bytes sent but not yet taken by the socket */
 	size_t outoff, outlen, outcap;
+	int lost;		/* broke holding bytes of the current request */
 	struct link *next;
 };
 
@@ -127,6 +130,10 @@ break_link(struct session *s, struct link *l, const char *fmt, ...)
 	if (l->fd != -1)
 		close(l->fd);
 	l->fd = -1;
+	/* Kept bytes are always the current request's (each request that
+	 * sends waits for them at its end): that request must fail. */
+	if (l->outlen > 0)
+		l->lost = 1;
 	l->outlen = l->outoff = 0;
 }
 
@@ -354,9 +361,13 @@ send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
 		return 0;
 	/* The rest waits in out, copied: later kernels may change the range. */
 	if (sess_grow(&l->out, &l->outcap, l->outoff + l->outlen + total -
-	    done) == -1)
+	    done) == -1) {
+		/* Part of the message may be out: the stream is cut. */
+		break_link(s, l, "no host memory for %zu bytes to send",
+		    total - done);
 		return sess_errorf(s, tag, PROTO_ENOMEM, "link %u: no memory "
 		    "for %zu bytes to send", l->handle, total - done);
+	}
 	memcpy(l->out + l->outoff + l->outlen, hdr + hd, sizeof(hdr) - hd);
 	l->outlen += sizeof(hdr) - hd;
 	memcpy(l->out + l->outoff + l->outlen, data + (done - hd),
@@ -368,8 +379,9 @@ send_msg(struct session *s, uint32_t tag, struct link *l, const uint8_t *data,
 /*
  * Wait for the session's links: until l (if not NULL) is readable, or
  * until every link has sent what it holds. Sends go on all the while.
- * 1 when l is readable, 0 when every out buffer is empty, -1 when nothing
- * moved for the frame timeout (the links that wait are then broken).
+ * 1 when l is readable, 0 when every out buffer is empty (sent, or dropped
+ * by a link that broke: break_link marks it lost), -1 when nothing moved
+ * for the frame timeout (the links that wait are then broken).
  */
 static int
 wait_links(struct session *s, struct link *l)
@@ -510,19 +522,37 @@ link_run(struct session *s, uint32_t tag, const struct program *p,
 	return 0;
 }
 
+/*
+ * The end of a request that ran link programs: wait until the links took
+ * every byte it sent, or broke. The first link that broke holding some of
+ * them, or NULL; the marks are cleared for the next request.
+ */
+static struct link *
+settle(struct session *s)
+{
+	struct link *l, *lost = NULL;
+
+	wait_links(s, NULL);
+	for (l = s->linklist; l != NULL; l = l->next) {
+		if (l->lost && lost == NULL)
+			lost = l;
+		l->lost = 0;
+	}
+	return lost;
+}
+
 int
 link_flush(struct session *s, uint32_t tag)
 {
-	struct link *l;
+	struct link *l = settle(s);
 
-	if (wait_links(s, NULL) == 0)
-		return 0;
-	for (l = s->linklist; l != NULL; l = l->next)
-		if (l->broken[0] != '\0' && l->dir == LINK_SEND) {
-			link_error(s, tag, l);
-			break;
-		}
-	return -1;
+	return l == NULL ? 0 : link_error(s, tag, l);
+}
+
+void
+link_drain(struct session *s)
+{
+	(void)settle(s);
 }
 
 void

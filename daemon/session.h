@@ -295,8 +295,11 @@ int link_check(struct session *s, uint32_t tag, const struct program *p,
  * session's earlier work has completed. 0, or -1 with the error queued. */
 int link_run(struct session *s, uint32_t tag, const struct program *p,
     const struct proto_arg *args, const int64_t *vals);
-/* After a run that sent on links: wait until they took every byte. */
+/* After a run that sent on links: wait until they took every byte; -1
+ * (EPEER queued for tag) if a link broke holding some of them. */
 int link_flush(struct session *s, uint32_t tag);
+/* The same after a run that already failed: wait, report nothing. */
+void link_drain(struct session *s);
 void sess_links_free(struct session *s);
 
 /* peer_net.c: the connection from a source runner to a destination */
