@@ -20,7 +20,7 @@ Environment:
                            prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, os, shlex, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, os, re, select, shlex, socket, struct, time, weakref
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, copy_max
 from .progress import uploads
@@ -59,6 +59,15 @@ class RunnerConnectionError(RunnerError, ConnectionError):
     super().__init__(addr, 0, text, None, request)
     self.args = (addr, text, request)
   def reason(self) -> str: return self.text + (f" (request in flight: {self.request})" if self.request else "")
+
+class PeerLostError(RunnerError):
+  """A link between runners broke because the runner at its other end stopped: .addr is that runner, .why what its connection did,
+  .seen the EPEER error the runner that is left reported (its .addr the survivor). Code EPEER, as the error it stands for."""
+  def __init__(self, addr:str, why:str, seen:RunnerError):
+    super().__init__(addr, seen.code, seen.text, seen.tag, seen.request)
+    self.why, self.seen, self.others = why, seen, seen.others
+  def reason(self) -> str: return f"stopped ({self.why}) while runner {self.seen.addr} was linked to it: {self.seen.reason()}"
+  def __str__(self): return f"runner {self.addr} {self.reason()}"
 
 class NotARunnerError(RunnerConnectionError):
   """What answered at the address (or failed to) is not a metal_runner: str() says what it did, e.g.
@@ -262,6 +271,7 @@ class Runner:
     self._held: set[bytes] = set()    # contents the runner said it holds for this session (Thave): they stay until it ends
     self.timeout = float(os.environ.get("METAL_RUNNER_TIMEOUT", 300)) if timeout is None else float(timeout)
     self.link_faults = 0   # EPEER errors seen: copies or links between runners that failed
+    self.link_peers: dict[int, Runner] = {}   # link handle -> the runner at its other end (client/graph.py), to name a lost one
     self._tag, self._handle, self._out, self._dead = 0, 0, bytearray(), None
     self._rbuf, self._rpos, self._rlen = bytearray(65536), 0, 0
     self._rview = memoryview(self._rbuf)
@@ -842,8 +852,32 @@ class Runner:
     if stash: self._stash = errors
     elif errors:
       errors[0].others = errors[1:]
-      raise errors[0]
+      raise self._blame(errors[0])
     return f
+
+  def _blame(self, e:RunnerError) -> RunnerError:
+    """A link's EPEER whose other runner has stopped is that runner's loss, and says so first (PeerLostError); any other error as it is.
+    Only on this error path: it may wait half a second for that runner's close to arrive."""
+    if e.code != P.EPEER or not self.link_peers or (m:=re.match(r"link (\d+) ", e.text)) is None: return e
+    if (peer:=self.link_peers.get(int(m.group(1)))) is None or (why:=peer.gone(0.5)) is None: return e
+    return PeerLostError(peer.addr, why, e)
+
+  def gone(self, wait:float=0.0) -> str|None:
+    """Why this connection is gone (the runner closed it or it failed), or None while it stands; waits up to `wait` seconds for a close
+    to arrive. Reads nothing, so replies and errors not yet taken stay for the next request; a close behind them shows all the same."""
+    if self._dead is not None: return self._dead
+    try:
+      if hasattr(select, "POLLRDHUP"):   # Linux
+        p = select.poll()
+        p.register(self.sock, select.POLLRDHUP)
+        ev = p.poll(int(wait * 1000))
+        if ev and ev[0][1] & select.POLLERR: return "it dropped its connection"
+        return "it closed its connection" if ev else None
+      kq = select.kqueue()                # macOS, BSD: EV_EOF on the read filter (an unread reply ends the wait early)
+      try: ev = kq.control([select.kevent(self.sock, select.KQ_FILTER_READ, select.KQ_EV_ADD)], 1, wait)
+      finally: kq.close()
+      return "it closed its connection" if ev and ev[0].flags & select.KQ_EV_EOF else None
+    except (OSError, ValueError) as e: return f"its connection failed: {e}"
 
   def _done(self, tag:int):
     """Every request up to tag is done now, with or without an error; usually tag is the newest, so this is O(1)."""

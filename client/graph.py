@@ -117,6 +117,7 @@ class RemoteGraph(MultiGraphRunner):
       unreachable.add((s.addr, d.addr))
       if DEBUG >= 1: print(f"{sdev.device} -> {ddev.device}: {e}; copying through this host", file=sys.stderr)
       return None
+    s.link_peers[sl], d.link_peers[dl] = d, s   # an EPEER of either end names the other runner when it stopped
     s.load(ps:=sdev.new_handle(), PROG_LINK_SEND, f"link {sl} to {ddev.device}", b"", 1, 2, entry=sl)
     d.load(pd:=ddev.new_handle(), PROG_LINK_RECV, f"link {dl} from {sdev.device}", b"", 1, 2, entry=dl)
     self.links += [(sdev, "unlink", sl), (sdev, "unload", ps), (ddev, "unload", pd)]
@@ -125,7 +126,9 @@ class RemoteGraph(MultiGraphRunner):
   def _free(self):
     for p in self.parts:
       if p.gid is not None: p.dev.later("graph_free", p.gid)
-    for dev, request, h in self.links: dev.later(request, h)
+    for dev, request, h in self.links:
+      if request == "unlink": dev.runner.link_peers.pop(h, None)
+      dev.later(request, h)
     self.parts, self.links, self.plan, self.bodies = [], [], [], {}
 
   # *** a call
