@@ -96,8 +96,12 @@ struct backend {
 	int no_fork;			/* device not fork-safe (Metal): process
 					 * isolation spawns (procspawn.c) */
 
-	/* Open the device once; fill info. */
-	int (*open)(struct be_info *info, const char *device, char *err);
+	/* Open the device once; fill info. known: NULL, or what the runner's
+	 * own open filled in (a spawned session process, procspawn.c), from
+	 * which a backend takes what it would otherwise find out at a cost
+	 * (Metal: whether source compiles here, its start-up probe). */
+	int (*open)(struct be_info *info, const char *device,
+	    const struct be_info *known, char *err);
 	/* Release the device at shutdown. */
 	void (*close)(void);
 

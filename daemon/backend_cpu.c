@@ -329,13 +329,15 @@ cpu_model(char *name, size_t len)
 }
 
 static int
-cpu_open(struct be_info *info, const char *device, char *err)
+cpu_open(struct be_info *info, const char *device,
+    const struct be_info *known, char *err)
 {
 	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	char model[64];
 
 	(void)device;
+	(void)known;	/* nothing costly to find out again */
 	if (CPU_ARCH == PROTO_ARCH_NONE) {
 		snprintf(err, BE_ERR_MAX, "cpu backend: unsupported architecture");
 		return -1;

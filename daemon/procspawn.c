@@ -14,13 +14,16 @@
  *	may have replaced the file's); the write end of every session's
  *	inbox, for a connection that turns out to be a peer.
  *
- * --session-spawn gives the slot, the session number, the runner's pid
- * and where each descriptor is (-1: none), --session-routes the session
- * of each inbox write end, --session-peer the client's address. The
- * session process then opens the device itself, as a second runner would:
- * nothing of the runner's device crosses the process boundary, so a GPU
- * lost to one session's process (macOS revokes a process's access after
- * its work hangs) is not lost to the others.
+ * --session-spawn gives the slot, the session number, the runner's pid,
+ * where each descriptor is (-1: none) and the capabilities the runner's
+ * device offers, --session-routes the session of each inbox write end,
+ * --session-peer the client's address. The session process then opens
+ * the device itself, as a second runner would: nothing of the runner's
+ * device crosses the process boundary, so a GPU lost to one session's
+ * process (macOS revokes a process's access after its work hangs) is not
+ * lost to the others. What the runner found out at a cost when it opened
+ * its own comes with the capabilities, so that a session does not find
+ * it out again (Metal: whether source compiles, a compile at start-up).
  *
  * Everything else is closed in the new process: the platform choice of
  * how is made here, once (glibc 2.34's closefrom action, macOS's
@@ -83,8 +86,8 @@ self_path(char *buf, size_t len, const struct mr_config *cfg)
 }
 
 pid_t
-spawn_session(const struct mr_config *cfg, int fd, uint32_t id, int slot,
-    const char *peer, char *err)
+spawn_session(const struct mr_config *cfg, const struct be_info *info, int fd,
+    uint32_t id, int slot, const char *peer, char *err)
 {
 	posix_spawn_file_actions_t fa;
 	posix_spawnattr_t attr;
@@ -155,10 +158,10 @@ spawn_session(const struct mr_config *cfg, int fd, uint32_t id, int slot,
 		    ids[i]);
 	if (nw == 0)
 		snprintf(routes, 2, "-");
-	snprintf(spec, sizeof(spec), "%d,%u,%ld,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d",
+	snprintf(spec, sizeof(spec), "%d,%u,%ld,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%u",
 	    slot, id, (long)getpid(), at[FD_CONN], at[FD_SLOTS], at[FD_INBOX],
 	    at[FD_CTL], at[FD_BROKER], at[FD_CACHE], at[FD_TOKEN],
-	    SPAWN_FD0 + nfix, nw, base + n);
+	    SPAWN_FD0 + nfix, nw, base + n, (unsigned)info->caps);
 	argv[0] = cfg->argv[0];
 	argv[1] = "--session-spawn";
 	argv[2] = spec;
@@ -253,15 +256,16 @@ mr_spawned_session(struct mr_config *cfg, const char *spec,
     const char *routes, const char *peer)
 {
 	static struct mr_server_ctx ctx;
-	long v[13], top, fd;
+	static struct be_info known;	/* what the runner's open found */
+	long v[14], top, fd;
 	uint32_t *ids = NULL;
 	int *w = NULL, slot, nw, i;
 	char err[PROTO_ERRLEN];
 
 	log_verbose = cfg->verbose;
-	if (parse_ints(spec, v, 13) == -1 || v[0] < 0 || v[3] != SPAWN_FD0 ||
+	if (parse_ints(spec, v, 14) == -1 || v[0] < 0 || v[3] != SPAWN_FD0 ||
 	    v[4] != SPAWN_FD0 + 1 || v[11] < 0 || v[11] > SPAWN_MAXFDS ||
-	    v[12] < v[10] + v[11]) {
+	    v[12] < v[10] + v[11] || v[13] < 0 || v[13] > UINT16_MAX) {
 		log_error("--session-spawn %s: not what a runner passes (an "
 		    "internal option: sessions are started by the runner)", spec);
 		_exit(1);
@@ -319,5 +323,7 @@ mr_spawned_session(struct mr_config *cfg, const char *spec,
 	ctx.cfg = cfg;
 	if ((ctx.be = mr_find_backend(cfg->backend)) == NULL)
 		_exit(1);
+	known.caps = (uint16_t)v[13];
+	ctx.info = &known;
 	server_session_run(&ctx, (int)v[3], (uint32_t)v[1], slot, peer, 1);
 }

@@ -7,8 +7,10 @@
  * GPU; .github/workflows/macos.yml is where it first meets one.
  *
  * Shape (models: llama.cpp's ggml-metal, Apple's MetalComputeBasic): one
- * device, opened once; one command queue per session; pipelines compiled
- * once and cached across sessions by the SHA-256 of (kind, name, data).
+ * device, opened once per process; one command queue per session;
+ * pipelines compiled once per process and cached by the SHA-256 of (kind,
+ * name, data): across sessions with --isolation thread, while a spawned
+ * session's process starts with none and compiles each program again.
  * Metal is not fork-safe, so a session is a process of its own started
  * fresh (BE_ISOLATE_SPAWN, procspawn.c: it opens the device itself), or with
  * --isolation thread a thread of one process; the pipeline cache has its
@@ -147,7 +149,8 @@ struct be_session {
 	struct be_span *fspan[MTL_INFLIGHT];
 	char err[BE_ERR_MAX];		/* first failure of a committed buffer */
 	/* Loads that compiled a pipeline, and loads the cache answered: the
-	 * log shows that a second session of a model compiles nothing. */
+	 * log shows that a second session of a model compiles nothing with
+	 * thread isolation, and as much as the first in a spawned process. */
 	unsigned compiled, reused;
 };
 
@@ -832,7 +835,8 @@ mtl_pick(NSArray<id <MTLDevice>> *all)
 }
 
 static int
-mtl_open_body(struct be_info *info, const char *device, char *err)
+mtl_open_body(struct be_info *info, const char *device,
+    const struct be_info *known, char *err)
 {
 	NSArray<id <MTLDevice>> *all = nil;
 	unsigned long idx = 0;
@@ -900,8 +904,13 @@ mtl_open_body(struct be_info *info, const char *device, char *err)
 	snprintf(info->cpu, sizeof(info->cpu), "%d.%d.%d", mtl_os[0],
 	    mtl_os[1], mtl_os[2]);
 	mtl_newest(info->features, sizeof(info->features));
-	/* Check that source compiles here; offer it only if it does. */
-	if (mtl_probe(&why) == -1) {
+	/* Check that source compiles here; offer it only if it does. A
+	 * spawned session takes the runner's answer (known) instead of
+	 * compiling again: the same binary on the same Mac. */
+	if (known != NULL) {
+		if (!(known->caps & PROTO_CAP_METAL_SOURCE))
+			info->caps &= (uint16_t)~PROTO_CAP_METAL_SOURCE;
+	} else if (mtl_probe(&why) == -1) {
 		info->caps &= (uint16_t)~PROTO_CAP_METAL_SOURCE;
 		log_warn("metal: a one-line test kernel does not compile here "
 		    "(%s), so this runner does not offer Metal source (no "
@@ -924,12 +933,13 @@ fail:
 }
 
 static int
-mtl_open(struct be_info *info, const char *device, char *err)
+mtl_open(struct be_info *info, const char *device,
+    const struct be_info *known, char *err)
 {
 	int r;
 
 	@autoreleasepool {
-		r = mtl_open_body(info, device, err);
+		r = mtl_open_body(info, device, known, err);
 	}
 	return r;
 }

@@ -305,7 +305,8 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	 * process that was exec'd: Metal must not be used in a child of
 	 * fork() (before an exec), nor be open in a process that forks. */
 	if (open_be) {
-		if (ctx->be->open(&info, ctx->cfg->device, err) == -1) {
+		if (ctx->be->open(&info, ctx->cfg->device, ctx->info,
+		    err) == -1) {
 			log_warn("session %u: cannot open the %s backend: %s",
 			    id, ctx->be->name, err);
 			refuse(fd, PROTO_EDEVICE, "the runner cannot open the "
@@ -483,7 +484,7 @@ serve(const struct mr_config *cfg)
 	 * process that forks. */
 	if (iso != BE_ISOLATE_THREAD && peer_broker_start(cfg, err) == -1)
 		log_warn("%s; copies between runners go through clients", err);
-	if (ctx.be->open(&info, cfg->device, err) == -1) {
+	if (ctx.be->open(&info, cfg->device, NULL, err) == -1) {
 		log_warn("cannot open the %s backend: %s", ctx.be->name, err);
 		peer_broker_stop();
 		return -1;
@@ -634,8 +635,8 @@ serve(const struct mr_config *cfg)
 		if (iso != BE_ISOLATE_THREAD) {
 			pid_t pid;
 			if (iso == BE_ISOLATE_SPAWN) {
-				pid = spawn_session(cfg, fd, next_id, slot, peer,
-				    err);
+				pid = spawn_session(cfg, &info, fd, next_id,
+				    slot, peer, err);
 			} else if ((pid = fork()) == 0)
 				session_process(&ctx, lfd, fd, next_id, slot,
 				    peer);

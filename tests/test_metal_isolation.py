@@ -145,3 +145,28 @@ def test_sessions_with_a_cache_open_the_device_in_a_process_that_did_not_fork(tm
     assert r.alive() and "a child of fork()" not in r.log_text(), r.log_text(0)
   finally:
     r.stop()
+
+@pytest.mark.parametrize("compiler", [True, False])
+def test_spawned_sessions_take_the_runners_probe_instead_of_compiling_it_again(compiler):
+  # the runner compiles a one-line kernel when it opens the device, and offers Metal source only if that compiles (issue 35
+  # item 2). A spawned session opens the device again; it takes the runner's answer, handed down, instead of compiling the
+  # probe again in every session. METAL_EMU_TRACE logs each source compile; METAL_EMU_NO_COMPILER=1 fails every one
+  needs_own_metal_runner()
+  env = {"METAL_EMU_TRACE": "1", **({} if compiler else {"METAL_EMU_NO_COMPILER": "1"})}
+  r = metal_runner_proc(env=env)
+  try:
+    for _ in range(2):
+      c = Raw(r.addr)
+      assert bool(c.info["caps"] & P.CAP_METAL_SOURCE) == compiler, c.info
+      c.ping()
+      if compiler:
+        c.alloc(1, 16); c.alloc(2, 16); c.write(2, 0, struct.pack("<4f", 1, 2, 3, 4))
+        load(c, 1, ADD1, 2)
+        assert add1(c) == [2.0, 3.0, 4.0, 5.0]
+      c.close()
+    log = r.wait_log("session 2: ended")
+    compiles = log.count("newLibraryWithSource: compile options set")
+    probes = log.count("a one-line test kernel does not compile here")
+    assert (compiles, probes) == ((3, 0) if compiler else (0, 1)), log   # the runner's probe, then one add1 per session
+  finally:
+    r.stop()

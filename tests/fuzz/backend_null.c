@@ -55,9 +55,11 @@ struct be_session {
 } while (0)
 
 static int
-null_open(struct be_info *info, const char *device, char *err)
+null_open(struct be_info *info, const char *device,
+    const struct be_info *known, char *err)
 {
 	(void)device;
+	(void)known;
 	(void)err;
 	memset(info, 0, sizeof(*info));
 	info->backend = PROTO_BACKEND_CPU;

@@ -191,7 +191,7 @@ LLVMFuzzerInitialize(int *argc, char ***argv)
 	 * $TMPDIR, which run.sh points at its scratch directory. */
 	snprintf(dir, sizeof(dir), "%s/fuzz_session_cache.XXXXXX",
 	    tmp != NULL && *tmp != '\0' ? tmp : "/tmp");
-	if (be_null.open(&info, NULL, err) == -1 ||
+	if (be_null.open(&info, NULL, NULL, err) == -1 ||
 	    mr_mem_init(1, info.memory) == -1 || mkdtemp(dir) == NULL ||
 	    cache_open(dir, 8 << 20, 1, err) == -1) {
 		fprintf(stderr, "fuzz_session: cannot set up\n");
