@@ -385,7 +385,7 @@ def test_the_client_resumes_with_its_token(tmp_path):
   finally: r.stop()
 
 def test_uploads_through_the_cache_survive_cuts(tmp_path):
-  """Process isolation with a cache: the session process sits under its cache helper (cachelink.c) and still takes the resumed
+  """Process isolation with a cache: the session process forks its cache helper (cachelink.c) and still takes the resumed
   connection; a cut in the middle of a Twrite that the runner also caches, and one among Twritehash frames, both resume."""
   r = RunnerProc("--isolation", "process", "--cache-dir", str(tmp_path / "cache"))
   try:
