@@ -134,24 +134,33 @@ def test_run_builds_the_runner_once_into_the_user_cache(venv, tmp_path):
   assert cache_entries(cache) == sorted([exe.parent.name, new.parent.name]) and exe.stat().st_ino == built.st_ino
   assert_no_runner_left(tmp_path)
 
+# MYSCRIPT, then the inode of the file its local runner runs (Linux): the binary it started, whatever the cache's path holds later
+RACE_SCRIPT = MYSCRIPT + 'import os\nprint(os.stat(f"/proc/{rm.local_runners[0].pid}/exe").st_ino)\n'
+
 def test_two_programs_starting_at_once_share_one_build(venv, tmp_path):
-  """Both build (the link is slowed so their builds overlap); the first rename wins and the other starts that binary."""
-  slow_cc = tmp_path / "slowcc"
-  slow_cc.write_text('#!/bin/sh\ncase " $* " in *" -o metal_runner "*) sleep 3;; esac\nexec cc "$@"\n')
+  """Both build (the link is slowed so their builds overlap); the first rename wins and the other starts that binary: one binary is
+  kept, and both programs' runners run it."""
+  slow_cc, links = tmp_path / "slowcc", tmp_path / "links"
+  slow_cc.write_text(f'#!/bin/sh\ncase " $* " in *" -o metal_runner "*) echo start >> {links}; sleep 3; cc "$@"; rc=$?; echo end >> {links}; '
+                     'exit $rc;; esac\nexec cc "$@"\n')
   slow_cc.chmod(0o755)
   env = dict(XDG_CACHE_HOME=str(tmp_path / "xdg"), MAKEFLAGS=f"CC={slow_cc}")   # make's alone: tinygrad compiles kernels with $CC
   procs = []
   for i in range(2):
     (w:=tmp_path / f"work{i}").mkdir()
-    (w / "myscript.py").write_text(MYSCRIPT)
+    (w / "myscript.py").write_text(RACE_SCRIPT)
     procs.append(subprocess.Popen(["sh", "-c", IN_YOUR_ENV[1]], cwd=w, env=user_env(venv, tmp_path / "home", **env),
                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
   outs = [p.communicate(timeout=300) for p in procs]
   for p, (out, err) in zip(procs, outs): assert p.returncode == 0 and "building the local runner once" in err, out + err[-3000:]
-  exes = {out.split()[2] for out, _ in outs}
-  assert len(exes) == 1 and all(out.split()[:2] == ["REMOTE", "54.0"] for out, _ in outs), outs
-  (key,) = cache_entries(tmp_path / "xdg")
-  assert exes == {str(tmp_path / "xdg" / "metal_runner" / key / "metal_runner")}
+  # the race this test is about happened: two builds, the second link started before the first ended (not one after the other)
+  assert links.read_text().split() == ["start", "start", "end", "end"], links.read_text()
+  assert all(out.split()[:2] == ["REMOTE", "54.0"] for out, _ in outs), outs
+  (key,) = cache_entries(tmp_path / "xdg")   # one build kept, no temporary folder left
+  exe = tmp_path / "xdg" / "metal_runner" / key / "metal_runner"
+  assert {out.split()[2] for out, _ in outs} == {str(exe)}, outs
+  # the path is the sources' hash either way: the inodes say both ran the one binary kept (the loser's never replaced it)
+  assert [int(out.split()[3]) for out, _ in outs] == [exe.stat().st_ino] * 2, (outs, exe.stat().st_ino)
   assert_no_runner_left(tmp_path)
 
 # *** a build that fails says why
