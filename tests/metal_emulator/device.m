@@ -493,13 +493,14 @@ unified(void)
  * these frameworks in the child process, you must exec." A process that
  * forked is marked here (pthread_atfork) until it execs, which replaces this
  * image and the mark with it; posix_spawn runs no fork handlers. In such a
- * child every Metal entry point is refused: MTLCreateSystemDefaultDevice and
+ * child Metal is refused: MTLCreateSystemDefaultDevice and
  * MTLCopyAllDevices find no device (what a Mac does there is not known; a
  * refusal the runner reports is what it can show), newLibraryWithSource:
  * fails with the text reported from a Mac for a forked daemon
- * (btxchain/btx#51: its compiler service lookup fails), and any other call
- * (on an object made before the fork) stops the process, as nothing says
- * what it would do on a Mac.
+ * (btxchain/btx#51: its compiler service lookup fails), and the other
+ * calls that make or run something (on an object made before the fork:
+ * emu_forked's callers) stop the process, as nothing says what they would
+ * do on a Mac.
  */
 static pid_t emu_fork_parent;	/* set in a child of fork(), else 0 */
 
