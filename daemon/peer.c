@@ -278,6 +278,27 @@ peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
 	return net_send_all(fd, frame, n);
 }
 
+/* One line in the default log per runner that proved a grant of this
+ * session: a sharded step makes a connection per link, and those are -v's.
+ * host comes with the connection from the inbox (a confined session may
+ * not ask the socket). */
+static void
+announce_peer(struct session *s, const char *host)
+{
+	unsigned i;
+
+	for (i = 0; i < s->npeers_seen; i++)
+		if (strcmp(s->peers_seen[i], host) == 0)
+			return;
+	if (s->npeers_seen == 8)
+		return;
+	snprintf(s->peers_seen[s->npeers_seen++], sizeof(s->peers_seen[0]),
+	    "%s", host);
+	log_notice("session %u: runner at %s connected to copy or link into "
+	    "it%s", s->id, host, s->npeers_seen == 8 ? " (more runners are "
+	    "logged with -v only)" : "");
+}
+
 /* A peer connection from the inbox: check its grant, take its bytes. */
 static void
 peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
@@ -288,13 +309,17 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	union proto_msg m;
 	uint8_t mac[PROTO_MAC_SIZE];
 	int64_t t0 = mono_ms();
+	size_t fixed = proto_fixed_size(PROTO_TPEER);
+	char host[64];
 	uint32_t i;
 
-	if (len != proto_fixed_size(PROTO_TPEER) ||
-	    proto_get(frame, len, &m, NULL) == -1 || m.h.type != PROTO_TPEER) {
+	if (len < fixed || len - fixed >= sizeof(host) ||
+	    proto_get(frame, fixed, &m, NULL) == -1 || m.h.type != PROTO_TPEER) {
 		close(fd);
 		return;
 	}
+	memcpy(host, frame + fixed, len - fixed);
+	host[len - fixed] = '\0';
 	p = &m.tpeer;
 	for (i = 0; i < s->ngrants && s->grants[i].id != p->grant; i++)
 		;
@@ -316,6 +341,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		    "proof is wrong");
 	g = s->grants[i];
 	drop_grant(s, i);	/* used: never again, whatever follows */
+	announce_peer(s, host);
 	if (p->magic != PROTO_MAGIC) {
 		peer_refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not a "
 		    "metal_runner peer");
@@ -443,9 +469,16 @@ sess_peer_route(struct session *s, const union proto_msg *m,
     const uint8_t *frame)
 {
 	uint32_t owner = (uint32_t)(m->tpeer.grant >> 32);
+	size_t fixed = proto_fixed_size(PROTO_TPEER), hl;
+	const char *colon = strrchr(s->peer, ':');
+	uint8_t msg[256];
 
-	if (peer_handoff(owner, frame, proto_fixed_size(PROTO_TPEER),
-	    s->fd, s->err) == -1) {
+	/* The frame, then the peer's host without its port. */
+	hl = colon != NULL ? (size_t)(colon - s->peer) : strlen(s->peer);
+	hl = min64(hl, 63);
+	memcpy(msg, frame, fixed);
+	memcpy(msg + fixed, s->peer, hl);
+	if (peer_handoff(owner, msg, fixed + hl, s->fd, s->err) == -1) {
 		uint8_t out[PROTO_HDR_SIZE + 8 + 256];
 		size_t n;
 
@@ -456,7 +489,7 @@ sess_peer_route(struct session *s, const union proto_msg *m,
 		net_send_all(s->fd, out, n);
 		return -1;
 	}
-	log_notice("session %u: peer connection from %s handed to session "
+	log_info("session %u: peer connection from %s handed to session "
 	    "%u", s->id, s->peer, owner);
 	return 0;
 }

@@ -126,7 +126,8 @@ peer_inbox(int slot)
 	return fd;
 }
 
-/* Pass fd and the Tpeer frame read from it to session id's inbox. */
+/* Pass fd and the Tpeer frame read from it (then the peer's host, for the
+ * log) to session id's inbox. */
 int
 peer_handoff(uint32_t id, const uint8_t *frame, size_t len, int fd, char *err)
 {

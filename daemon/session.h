@@ -120,6 +120,10 @@ struct session {
 	int64_t started;	/* ms, monotonic */
 	int announced;
 	char end[128];
+	/* peer.c: the runners that connected to copy or link into it, for
+	 * one line each in the default log (the connections are -v's). */
+	char peers_seen[8][64];
+	unsigned npeers_seen;
 
 	/* peer.c: grants issued and not yet used or expired, and the inbox
 	 * where server.c hands over peer connections for them (-1: none). */

@@ -1,5 +1,5 @@
 """The runner's log at its default level (no -v), read as an operator reads sshd's: one line when a client connects (its address and
-session number), authenticates and ends (how, its time and requests), one for a peer runner's connection, one when a signal stops the
+session number), authenticates and ends (how, its time and requests), one for a peer runner (once per session), one when a signal stops the
 runner; nothing per request. -q keeps errors only. And `--help` says what is printed where."""
 import re, signal, subprocess
 import pytest
@@ -71,6 +71,23 @@ def test_a_peer_connection_has_a_line_of_its_own():
     assert c.error()[0] == P.EGRANT
     log = r.wait_log("session 1: peer connection from 127.0.0.1:")
     assert len(session_lines(log, 1)) == 1 and "for session 7" in log, log
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_runner_that_links_into_a_session_has_one_line_however_many_links(iso, verbose):
+  """A sharded step sets up a link per copy, each a peer connection: the default log names the runner that connected once per session;
+  each connection's own line (`handed to session`) is -v's."""
+  from conformance.test_links import dial, listen
+  with runner("--isolation", iso, *(["-v"] if verbose else [])) as r:
+    snd, rcv = Raw(r.addr), Raw(r.addr)
+    for link in (1, 2, 3):
+      g, sec = listen(rcv, link)
+      dial(snd, link, r.addr, g, sec)
+    rcv.ping(b"x")
+    log = r.log_text()
+    snd.close(); rcv.close()
+  assert len(re.findall(r"session 2: runner at 127\.0\.0\.1 connected to copy or link into it\n", log + "\n")) == 1, log
+  assert len(re.findall(r"peer connection from 127\.0\.0\.1:\d+ handed to session 2", log)) == (3 if verbose else 0), log
 
 @pytest.mark.parametrize("quiet", [False, True])
 def test_quiet_keeps_only_errors(quiet):
