@@ -397,6 +397,21 @@ cache_dir(char *dir, size_t len)
 		    (unsigned)getuid());
 }
 
+/* mkdir -p: a fresh account may have no ~/.cache yet. */
+static void
+mkdirs(char *dir)
+{
+	char *p;
+
+	for (p = dir + 1; *p != '\0'; p++)
+		if (*p == '/') {
+			*p = '\0';
+			mkdir(dir, 0700);
+			*p = '/';
+		}
+	mkdir(dir, 0700);
+}
+
 /* Everything the output depends on besides the source: the compiler, the
  * flags and the headers. */
 static uint64_t
@@ -534,7 +549,7 @@ emu_lib_compile(const char *src, size_t len, unsigned version, int mathmode,
 	key = fnv1a(key, &version, sizeof(version));
 	key = fnv1a(key, &mathmode, sizeof(mathmode));
 	cache_dir(dir, sizeof(dir));
-	mkdir(dir, 0700);
+	mkdirs(dir);
 	snprintf(so, sizeof(so), "%s/%016llx.so", dir, (unsigned long long)key);
 	snprintf(cpp, sizeof(cpp), "%s/%016llx.cpp", dir,
 	    (unsigned long long)key);
