@@ -8,6 +8,7 @@
 # does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
 import atexit, contextlib, hashlib, os, platform, re, select, signal, socket, subprocess, sys, threading, types
+from typing import cast
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
@@ -344,13 +345,31 @@ def runner_device() -> str:
   if not (addrs:=runner_addrs()): return "METAL" if sys.platform == "darwin" else "REMOTE"
   with connect(addrs[0]) as r: return "METAL" if r.info.backend == "metal" else "REMOTE"
 
+def check_runners(addrs:list[str]) -> list[Runner]:
+  """A session on each runner, all connecting at once; RunnerUnavailable with one line for each runner that cannot be used."""
+  got: dict[int, Runner|RunnerUnavailable] = {}
+  def one(i:int):
+    try: got[i] = connect(addrs[i])
+    except RunnerUnavailable as e: got[i] = e
+  threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(addrs))]
+  for t in threads: t.start()
+  for t in threads: t.join()
+  if bad:=[str(got[i]) for i in range(len(addrs)) if isinstance(got[i], RunnerUnavailable)]:   # in the order named
+    for r in got.values():
+      if isinstance(r, Runner): r.close()
+    raise RunnerUnavailable("\n".join(bad))
+  return [cast(Runner, got[i]) for i in range(len(addrs))]
+
 def use_runner_by_default():
   """With METAL_RUNNER set and DEV unset: the first runner's device (METAL for a Metal backend, REMOTE for a CPU one) becomes tinygrad's
   default, here and in child processes, and is opened now, so a runner that cannot be used stops the program before it computes
-  anything (RunnerUnavailable) instead of leaving its work to tinygrad's CPU device. DEV, when set, is the user's choice and is kept."""
+  anything (RunnerUnavailable) instead of leaving its work to tinygrad's CPU device. Every other runner named is checked at the same
+  time (a session opened and closed: the device opens its own when the program first uses it). DEV, when set, is the user's choice."""
   if DEV.device or os.environ.get("DEV"): return
   if not (addrs:=runner_addrs()): return
-  connected[addrs[0]] = r = connect(addrs[0])   # the device below takes this session: one connection, not a probe and then another
+  r, *others = check_runners(addrs)
+  for o in others: o.close()
+  connected[addrs[0]] = r   # the device below takes this session: one connection, not a probe and then another
   DEV.value = os.environ["DEV"] = dev = "METAL" if r.info.backend == "metal" else "REMOTE"   # as tinygrad sets DEV for its children
   try: Device[dev]
   finally:

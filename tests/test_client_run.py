@@ -397,6 +397,18 @@ def test_import_stops_for_a_runner_it_cannot_use(scripts, authed, shared, case):
   stopped(p, addr, says.format(token=tf, give="set METAL_RUNNER_TOKEN_FILE=FILE"), ("token=", "--token-file " + str(tf)))
 
 @pytest.mark.parametrize("how", ["client run", "import"])
+def test_every_runner_named_is_checked_before_the_program_starts(scripts, shared, how):
+  """The runners after the first are checked too, all at once: one that cannot be used stops the program before its first line, and
+  each such runner has a line of its own."""
+  dead1, dead2 = dead_port(), dead_port()
+  for addrs, bad in [([shared.addr, dead1], [dead1]), ([dead1, shared.addr, dead2], [dead1, dead2])]:
+    if how == "client run": p = client_run("--runner", ",".join(addrs), str(scripts / "train.py"))
+    else: p = python(str(scripts / "import_train.py"), env={"METAL_RUNNER": ",".join(addrs)})
+    assert p.returncode == 1 and p.stdout == "", (p.stdout, p.stderr)
+    lines = p.stderr.splitlines()
+    assert len(lines) == len(bad) and all(a in ln and "nothing listens" in ln for a, ln in zip(bad, lines)), p.stderr
+
+@pytest.mark.parametrize("how", ["client run", "import"])
 def test_a_host_alone_is_the_runner_at_port_6667(scripts, how):
   addr = "macbok.invalid"   # never resolves (RFC 6761): the line shows the address as it was understood
   p = client_run("--runner", addr, str(scripts / "train.py")) if how == "client run" else \
