@@ -103,24 +103,36 @@ def start_local_runner(backend:str) -> str:
   threading.Thread(target=drain, args=(proc.stderr, True), daemon=True).start()
   line = proc.stdout.readline() if select.select([proc.stdout], [], [], 30)[0] else b""  # type: ignore[union-attr]
   threading.Thread(target=drain, args=(proc.stdout, False), daemon=True).start()
-  stop_runners_on_signals()
   if (m:=re.match(r"listening on (\S+:\d+)", line.decode(errors="replace"))) is None:
     stop_runner(proc)
     raise RunnerUnavailable(f"metal_runner: local runner {exe} --backend {backend} did not start (exit code {proc.returncode}): "
                             f"{b''.join(log).decode(errors='replace').strip() or line!r}")
   return m.group(1)
 
-def stop_runners_on_signals():
-  """SIGTERM and SIGHUP end a Python program without its atexit functions, which would leave the local runners running: stop them,
-  then end as the signal would have. Only where the program left the signal's default action, and only from the main thread (a
-  handler can be set only there). A SIGKILL cannot be caught: it ends them by closing their stdin (--exit-with-stdin)."""
+# *** SIGTERM and SIGHUP (kill, systemctl stop, docker stop, a closed terminal) skip atexit: the sessions would wait out their resume grace
+# on the runners (a minute, holding their memory) and a local runner would outlive the program. So the program ends as on Ctrl-C, a
+# SystemExit unwinding it, and atexit ends the sessions at once and stops the local runners; then it dies by the signal, as it would
+# have. Only where the program left the signal's default action, only from the main thread (a handler can be set only there). A SIGKILL
+# cannot be caught: it ends the local runners by closing their stdin (--exit-with-stdin).
+terminated: list[int] = []
+
+def end_cleanly_on_signals():
   if threading.current_thread() is not threading.main_thread(): return
-  def stop_then_die(signum, frame):
-    for proc in local_runners: stop_runner(proc)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+  def unwind(signum, frame):
+    if terminated:   # a second one while unwinding: at once
+      for proc in local_runners: stop_runner(proc)
+      signal.signal(signum, signal.SIG_DFL)
+      os.kill(os.getpid(), signum)
+    terminated.append(signum)
+    raise SystemExit(128 + signum)
   for sig in (signal.SIGTERM, signal.SIGHUP):
-    if signal.getsignal(sig) is signal.SIG_DFL: signal.signal(sig, stop_then_die)
+    if signal.getsignal(sig) is signal.SIG_DFL: signal.signal(sig, unwind)
+
+@atexit.register
+def _die_by_the_signal():   # registered before _shutdown, so it runs after it
+  if terminated:
+    signal.signal(terminated[0], signal.SIG_DFL)
+    os.kill(os.getpid(), terminated[0])
 
 # *** Metal: rendered here; compiled here only where Apple's compiler is (macOS)
 
@@ -354,7 +366,12 @@ def check_runners(addrs:list[str]) -> list[Runner]:
   threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(addrs))]
   for t in threads: t.start()
   for t in threads: t.join()
-  if bad:=[str(got[i]) for i in range(len(addrs)) if isinstance(got[i], RunnerUnavailable)]:   # in the order named
+  bad, said = [], set()   # in the order named; a token file's fault (the settings', not a runner's) once
+  for e in (got[i] for i in range(len(addrs))):
+    if isinstance(e, RunnerUnavailable) and not (isinstance(c:=e.__cause__, TokenFileError) and c.text in said):
+      bad.append(str(e))
+      if isinstance(c, TokenFileError): said.add(c.text)
+  if bad:
     for r in got.values():
       if isinstance(r, Runner): r.close()
     raise RunnerUnavailable("\n".join(bad))
@@ -399,4 +416,5 @@ def _shutdown():  # runs before tinygrad's own atexit (registered earlier): clos
       dev.finalize()
   for proc in local_runners: stop_runner(proc)
 
+end_cleanly_on_signals()
 use_runner_by_default()   # last: a runner that cannot be used raises from the import itself

@@ -68,6 +68,9 @@ if __name__ == "__main__":
   # the local runner's pid, once the default device is open, then a long sleep
   "local_pid.py": "import time, client.remote_metal as rm\nfrom tinygrad import Device\nDevice[Device.DEFAULT]\n"
                   "print(rm.local_runners[0].pid, flush=True)\ntime.sleep(60)\n",
+  # a session holding a buffer of the runner's memory, then a long sleep
+  "holds.py": "import time, client.remote_metal\nfrom tinygrad import Tensor\nx = Tensor.ones(1 << 18).contiguous().realize()\n"
+              "print('ready', flush=True)\ntime.sleep(60)\n",
   # BEAM with tinygrad's pool of spawned compile workers; they report whether they have the runner's devices
   "beam.py": """
 import numpy as np
@@ -336,6 +339,27 @@ def test_a_terminated_program_stops_its_local_runner(scripts, how):
     if p.poll() is None: p.kill()
     p.wait()
     if pid and os.path.exists(f"/proc/{pid}"): os.kill(pid, signal.SIGKILL)
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("how", ["client run", "import"])
+def test_a_terminated_program_ends_its_sessions_at_once(scripts, how, sig):
+  """kill, systemctl stop or docker stop: the program's sessions end on the runner at once, their memory freed, as on Ctrl-C, where they
+  waited a minute for the client to resume; the program still ends as the signal ends it."""
+  with runner() as r:
+    argv = ["-m", "client", "run", "--runner", r.addr, "holds.py"] if how == "client run" else ["holds.py"]
+    e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+    p = subprocess.Popen([sys.executable, *argv], env={**e, "PYTHONPATH": str(ROOT), **({"METAL_RUNNER": r.addr} if how == "import" else {})},
+                         cwd=scripts, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+      assert p.stdout.readline() == "ready\n", p.communicate(timeout=30)[1][-3000:]
+      os.kill(p.pid, getattr(signal, sig))
+      assert p.wait(timeout=30) == -getattr(signal, sig), p.stderr.read()[-3000:]
+      log = r.wait_log("session 1: ended: ", timeout=5)
+    finally:
+      if p.poll() is None: p.kill()
+      p.wait()
+  assert "waiting up to" not in log and "ended: the client disconnected" in log, log
+  assert "Traceback" not in p.stderr.read()
 
 def test_a_forked_child_cannot_use_the_parents_connection(scripts):
   # fork shares the parent's socket: a frame the child sent would land in the parent's session. The child is refused with a reason that
