@@ -73,7 +73,8 @@ esac
 if [ ! -x .venv/bin/python ]; then
 	python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi, zeroconf, ziglang, gguf, openai' 2>/dev/null; then
+if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi, zeroconf, ziglang, gguf, openai' 2>/dev/null ||
+   [ ! -x .venv/bin/metal-client ]; then
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -m pip install -q -e ".[test]"
 fi

@@ -120,8 +120,9 @@ def probe(args) -> int:
   else: show(d)
   return EXIT_OK
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m client", description="metal_runner client tools")
+def main(argv=None, prog:str="python -m client") -> int:
+  """prog: how the user called us, for usage and messages: `python -m client` or the `metal-client` command (metal_client.py)."""
+  ap = argparse.ArgumentParser(prog=prog, description="metal_runner client tools")
   sub = ap.add_subparsers(dest="cmd", required=True)
   p = sub.add_parser("probe", help="show what a runner is and measure its round trip and copy rates",
                      description=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
                  add_help=False)
   if (argv:=sys.argv[1:] if argv is None else argv)[:1] == ["run"]:   # its options end at the program, as python's: not argparse's rule
     from .run import main as run
-    return run(argv[1:])
+    return run(argv[1:], prog=f"{prog} run")
   args = ap.parse_args(argv)
   if args.repeat < 1: ap.error("--repeat must be at least 1")
   return probe(args)

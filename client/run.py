@@ -14,7 +14,7 @@ import importlib.machinery, importlib.util, io, os, pathlib, runpy, sys, types, 
 from .connection import RUN_OPTIONS
 from .discovery import RunnerUnavailable
 
-USAGE = "usage: python -m client run [--runner ADDR[,ADDR...]] [--token-file F] (SCRIPT | -m MODULE) [ARGS...]"
+USAGE = "usage: {prog} [--runner ADDR[,ADDR...]] [--token-file F] (SCRIPT | -m MODULE) [ARGS...]"
 SITE = pathlib.Path(__file__).resolve().parent / "run_site"   # holds the sitecustomize.py that child processes import
 MARKER = "METAL_RUNNER_CLIENT_RUN"                             # set for the program: that sitecustomize installs the devices only then
 
@@ -40,7 +40,7 @@ def parse(argv:list[str]) -> tuple[dict[str, str], str|None, str, list[str]]|Non
     elif a == "--":
       if i + 1 < len(argv): return opts, None, argv[i + 1], argv[i + 2:]
       break
-    elif a.startswith("-"): raise Usage(f"unknown option {a} (python -m client run -h for help)")
+    elif a.startswith("-"): raise Usage(f"unknown option {a} (-h for help)")
     else: return opts, None, a, argv[i + 1:]
   raise Usage("no program given")
 
@@ -74,17 +74,17 @@ def setup_children():
   os.environ[MARKER] = "1"
   os.environ["PYTHONPATH"] = os.pathsep.join([str(SITE)] + ([p] if (p:=os.environ.get("PYTHONPATH")) else []))
 
-def main(argv:list[str]) -> int:
+def main(argv:list[str], prog:str="python -m client run") -> int:
   try: parsed = parse(argv)
   except Usage as e:
-    print(f"{USAGE}\npython -m client run: {e}", file=sys.stderr)
+    print(f"{USAGE.format(prog=prog)}\n{prog}: {e}", file=sys.stderr)
     return 2
   if parsed is None:
-    print(__doc__)
+    print(__doc__.replace("python -m client run", prog, 1))
     return 0
   opts, flag, target, args = parsed
   if flag is None and not os.path.exists(target):   # python's own wording and exit code
-    print(f"python -m client run: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory", file=sys.stderr)
+    print(f"{prog}: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory", file=sys.stderr)
     return 2
   if "--runner" in opts: os.environ["METAL_RUNNER"] = opts["--runner"]
   if "--token-file" in opts: os.environ["METAL_RUNNER_TOKEN_FILE"] = ",".join(os.path.abspath(f.strip()) for f in opts["--token-file"].split(","))
@@ -102,7 +102,7 @@ def main(argv:list[str]) -> int:
   if flag == "-m" and target == "tinygrad.llm": place_over_runners()
   # -m a.b imports the package a to find b: only now, so that the package's own code finds the devices installed
   if flag == "-m" and not importable(target):
-    print(f"python -m client run: No module named {target}", file=sys.stderr)
+    print(f"{prog}: No module named {target}", file=sys.stderr)
     return 1
   sys.excepthook = show_programs_frames(sys.excepthook)
   sys.argv = [target, *args]

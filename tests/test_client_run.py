@@ -361,6 +361,32 @@ def test_a_terminated_program_ends_its_sessions_at_once(scripts, how, sig):
   assert "waiting up to" not in log and "ended: the client disconnected" in log, log
   assert "Traceback" not in p.stderr.read()
 
+METAL_CLIENT = os.path.join(os.path.dirname(sys.executable), "metal-client")   # the command setup.sh's pip install makes
+
+def test_the_metal_client_command_runs_a_program_beside_a_client_py_of_the_users(shared, tmp_path):
+  """`python -m client` in a folder with its own client.py runs that file; the command runs the program on the runner, and its usage
+  names the command."""
+  (tmp_path / "client.py").write_text("print('this is my own client.py')\n")
+  (tmp_path / "prog.py").write_text("from tinygrad import Device, Tensor\nprint(Device.DEFAULT, (Tensor([1.0, 2.0]) + 1).tolist())\n")
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS and k != "PYTHONPATH"}
+  p = subprocess.run([METAL_CLIENT, "run", "--runner", shared.addr, "prog.py"], cwd=tmp_path, env=e, capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0 and p.stdout == "REMOTE [2.0, 3.0]\n", (p.stdout, p.stderr[-2000:])
+  p = subprocess.run([sys.executable, "-m", "client", "run", "--runner", shared.addr, "prog.py"], cwd=tmp_path, env=e, capture_output=True,
+                     text=True, timeout=120)
+  assert p.stdout == "this is my own client.py\n", (p.stdout, p.stderr)   # why the command: python -m finds the folder's client first
+  p = subprocess.run([METAL_CLIENT, "run", "--nope"], cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
+  assert p.returncode == 2 and p.stderr.startswith("usage: metal-client run ") and "metal-client run: unknown option --nope" in p.stderr
+
+def test_the_metal_client_command_says_when_client_is_another_package(tmp_path):
+  (tmp_path / "client").mkdir()
+  (tmp_path / "client" / "__init__.py").write_text("")
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  p = subprocess.run([METAL_CLIENT, "probe", "127.0.0.1:1"], env={**e, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
+                     timeout=60)
+  assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
+  assert "the import name 'client' is not this package's" in p.stderr and str(tmp_path / "client" / "__init__.py") in p.stderr, p.stderr
+
 def test_a_forked_child_cannot_use_the_parents_connection(scripts):
   # fork shares the parent's socket: a frame the child sent would land in the parent's session. The child is refused with a reason that
   # says what to do; the parent's session and its local runner (which the child's atexit must not stop) carry on

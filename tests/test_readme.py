@@ -18,12 +18,12 @@ ON_THE_MAC = ["make -C daemon",
               "head -c 32 /dev/urandom | base64 > ~/.metal_runner_token && chmod 600 ~/.metal_runner_token",
               "./daemon/metal_runner --host 0.0.0.0 --port 6667 --token-file ~/.metal_runner_token"]
 ON_THE_HOST = ["scp mac.local:.metal_runner_token ~/ && chmod 600 ~/.metal_runner_token",
-               ".venv/bin/python -m client probe mac.local",   # port 6667 and ~/.metal_runner_token by default
-               ".venv/bin/python -m client run --runner mac.local myscript.py",
+               ".venv/bin/metal-client probe mac.local",   # port 6667 and ~/.metal_runner_token by default
+               ".venv/bin/metal-client run --runner mac.local myscript.py",
                # tinygrad's server listens on every interface: tests/test_llm.py runs it through tests/llm_app.py, bound to 127.0.0.1
-               LLM_SERVE:=".venv/bin/python -m client run --runner mac.local -m tinygrad.llm --model ./model.gguf --serve 8000"]
+               LLM_SERVE:=".venv/bin/metal-client run --runner mac.local -m tinygrad.llm --model ./model.gguf --serve 8000"]
 # run by tests/test_pip_install.py, in a fresh venv outside the clone with the venv's bin first on PATH (as activated)
-IN_YOUR_ENV = ["pip install /path/to/metal_runner", "python -m client run myscript.py"]
+IN_YOUR_ENV = ["pip install /path/to/metal_runner", "metal-client run myscript.py"]
 CASES = [QUICK_START, TEST_SH, MAC_REPORT, *ON_THE_MAC, *ON_THE_HOST, *IN_YOUR_ENV]   # in the README's order
 
 # a tinygrad program as its user wrote it: it never names this project
