@@ -20,7 +20,7 @@ Environment:
                            prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, os, re, select, shlex, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, ipaddress, os, re, select, shlex, socket, struct, time, weakref
 from . import protocol as P
 from .resume import Replay, resume, WINDOW, copy_max
 from .progress import uploads
@@ -102,18 +102,31 @@ class RunnerInfo:
 DEFAULT_PORT = 6667   # the runner's (daemon/main.c)
 
 def parse_addr(addr:str) -> tuple[str, int]:
-  """(host, port) of "HOST:PORT", "[IPv6]:PORT", or HOST (or [IPv6]) alone at DEFAULT_PORT."""
+  """(host, port) of "HOST:PORT", "[IPv6]:PORT", or HOST (or [IPv6]) alone at DEFAULT_PORT. A ValueError names what was typed, what
+  is wrong with it and what is expected."""
+  def bad(why:str): return ValueError(f"runner address {addr!r} is not HOST:PORT ({why}; e.g. mac.local:6667, or mac.local for port 6667)")
+  if "://" in addr: raise bad(f"a URL: the runner speaks its own protocol, not {addr.split('://')[0]}; give {addr.split('://', 1)[1].strip('/')}")
   if addr.startswith("["):
     host, sep, rest = addr[1:].partition("]")
-    if not sep or rest and not rest.startswith(":"): raise ValueError(f"runner address {addr!r} is not HOST:PORT")
+    if not sep or rest and not rest.startswith(":"): raise bad("text after the IPv6 address's ]" if sep else "no ] after the IPv6 address")
     port = rest[1:] if rest else str(DEFAULT_PORT)
-  elif addr.count(":") > 1: raise ValueError(f"runner address {addr!r}: an IPv6 address goes in brackets, as in [::1]:6667")
+  elif addr.count(":") > 1:
+    try: ipaddress.IPv6Address(addr.split("%")[0])
+    except ValueError: raise bad("more than one colon") from None
+    raise ValueError(f"runner address {addr!r}: an IPv6 address goes in brackets, as in [{addr}]:6667")
   else:
     host, sep, port = addr.partition(":")
     if not sep: port = str(DEFAULT_PORT)
-  if not port.isdigit(): raise ValueError(f"runner address {addr!r} is not HOST:PORT")
+  if not port.isdigit(): raise bad(f"the port {port!r} is not a number" if port else "no port after the colon")
   if not 1 <= int(port) <= 65535: raise ValueError(f"runner address {addr!r}: port {int(port)} out of range 1-65535")
   return host or "localhost", int(port)
+
+def _connect_error(e:OSError, host:str) -> str:
+  """Why a connection could not be made, in the same words for every command (run, probe, a program's import)."""
+  if isinstance(e, socket.gaierror): return f"the host name {host} does not resolve ({e.strerror})"
+  if isinstance(e, ConnectionRefusedError): return "nothing listens on that port"
+  if isinstance(e, TimeoutError): return "no answer (timed out): the host is down, or a firewall drops the port"
+  return str(e)
 
 def full_addr(addr:str) -> str:
   """addr with its port, as messages show it: "mac.local" is "mac.local:6667". One that is not HOST[:PORT] as given (Runner refuses it)."""
@@ -286,7 +299,7 @@ class Runner:
     self.connect_timeout = connect_timeout
     self._token, self._token_from = held_token(token, token_source, addr)
     try: self.sock = socket.create_connection(hostport, timeout=connect_timeout)
-    except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {e}") from None
+    except OSError as e: raise RunnerConnectionError(addr, f"cannot connect: {_connect_error(e, hostport[0])}") from None
     _runners.add(self)
     try:
       self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

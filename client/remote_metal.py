@@ -38,10 +38,8 @@ def unusable(addr:str, e:Exception) -> RunnerUnavailable:
   """The one line for a runner that cannot be used: its address, the reason and, where the reason does not say it, what to check."""
   where = f"check the address ({setting('METAL_RUNNER')}) and that the runner is running there"
   if isinstance(e, NotARunnerError): return RunnerUnavailable(f"metal_runner: {e}; {where}")   # "HOST:PORT is not a metal_runner (...)"
-  if isinstance(e, RunnerConnectionError):
-    why = {socket.gaierror: "the host name does not resolve", ConnectionRefusedError: "nothing listens on that port"}.get(
-      type(e.__context__), e.reason())   # the OSError that Runner() turned into "cannot connect"
-    return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {why}; {where}")
+  if isinstance(e, RunnerConnectionError):   # "cannot connect: " and the reason, in connection.py's words (probe says the same)
+    return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.reason().removeprefix('cannot connect: ')}; {where}")
   if isinstance(e, RunnerError) and e.code == EAUTH:   # the token: the library's text names the file, its setting and what to do
     text = e.text
     if e.request == "Tauth" and text.startswith("the runner requires a token"):   # the library's text names token=, not for a program

@@ -463,7 +463,7 @@ def test_a_host_alone_is_the_runner_at_port_6667(scripts, how):
   addr = "macbok.invalid"   # never resolves (RFC 6761): the line shows the address as it was understood
   p = client_run("--runner", addr, str(scripts / "train.py")) if how == "client run" else \
     python(str(scripts / "import_train.py"), env={"METAL_RUNNER": addr})
-  stopped(p, "cannot use the runner at macbok.invalid:6667: the host name does not resolve", "")
+  stopped(p, "cannot use the runner at macbok.invalid:6667: the host name macbok.invalid does not resolve", "")
 
 # *** a runner lost mid-run: one line, as at start-up
 

@@ -124,8 +124,11 @@ def test_a_server_that_closes_without_a_word_is_named_as_probably_not_a_runner()
   ls.close()
 
 @pytest.mark.parametrize("addr,why", [("127.0.0.1:66677", "port 66677 out of range 1-65535"), ("127.0.0.1:0", "port 0 out of range 1-65535"),
-                                      ("127.0.0.1:http", "is not HOST:PORT"), ("127.0.0.1:", "is not HOST:PORT"),
-                                      ("[::1]x", "is not HOST:PORT"), ("::1", r"an IPv6 address goes in brackets, as in \[::1\]:6667")])
+                                      ("127.0.0.1:http", "is not HOST:PORT \\(the port 'http' is not a number"),
+                                      ("127.0.0.1:", "is not HOST:PORT \\(no port after the colon"),
+                                      ("[::1]x", "is not HOST:PORT \\(text after the IPv6 address's \\]"), ("::1", r"an IPv6 address goes in brackets, as in \[::1\]:6667"),
+                                      ("http://127.0.0.1:7001", "is not HOST:PORT \\(a URL: the runner speaks its own protocol, not http; give 127.0.0.1:7001"),
+                                      ("127.0.0.1:7001:9", "is not HOST:PORT \\(more than one colon")])
 def test_a_bad_address_is_refused_before_connecting(addr, why):
   with pytest.raises(ValueError, match=why): parse_addr(addr)
   with pytest.raises(ValueError, match=why): Runner(addr)

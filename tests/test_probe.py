@@ -155,3 +155,4 @@ def test_probe_bad_arguments():
 def test_probe_a_host_alone_at_the_default_port():
   p = probe("macbok.invalid")   # .invalid never resolves (RFC 6761): unreachable, at port 6667, not a usage error
   assert p.returncode == 3 and "macbok.invalid:6667 is unreachable" in p.stderr, p.stderr
+  assert "the host name macbok.invalid does not resolve" in p.stderr, p.stderr   # as run says it
