@@ -207,6 +207,13 @@ class RemoteAllocator(LRUAllocator['RemoteDevice']):
   # Talloc has no reply, so the runner's ELIMIT would arrive a request later. The client counts against the limit the runner reported
   # and raises MemoryError at once instead, which lets LRUAllocator free its cache and retry.
   used = 0
+  def alloc(self, size:int, options:BufferSpec|None=None):
+    # tinygrad turns any RuntimeError of _alloc into "MemoryError: Allocation of N B failed", the reason only in its cause: a connection
+    # that cannot be used (a forked child's, a lost runner's) is raised as itself, so the last line a user sees is the reason
+    try: return super().alloc(size, options)
+    except MemoryError as e:
+      if isinstance(e.__cause__, RunnerConnectionError): raise e.__cause__ from None
+      raise
   def _alloc(self, size:int, options:BufferSpec):
     if options.external_ptr is not None: raise RuntimeError(f"{self.dev.device}: runner memory cannot wrap a host pointer")
     if size > (info:=self.dev.runner.info).maxbuf or self.used + size > info.memory:

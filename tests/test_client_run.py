@@ -65,6 +65,15 @@ if __name__ == "__main__":
   os.waitpid(pid, 0)
   print(json.dumps({"first": first, "child": child, "after": work(3)}))
 """,
+  # a fork pool's child whose first use of the runner is an allocation (a size the parent never used), its error left uncaught
+  "forkalloc.py": """
+import multiprocessing
+from tinygrad import Tensor
+def work(n): return (Tensor([1.0] * n) * n).tolist()
+if __name__ == "__main__":
+  print(work(2), flush=True)
+  with multiprocessing.get_context("fork").Pool(1) as pool: print(pool.apply(work, (5,)))
+""",
   # the local runner's pid, once the default device is open, then a long sleep
   "local_pid.py": "import time, client.remote_metal as rm\nfrom tinygrad import Device\nDevice[Device.DEFAULT]\n"
                   "print(rm.local_runners[0].pid, flush=True)\ntime.sleep(60)\n",
@@ -395,6 +404,14 @@ def test_a_forked_child_cannot_use_the_parents_connection(scripts):
   out = json.loads(p.stdout.splitlines()[-1])
   assert out["first"] == [1.0, 2.0, 3.0] and out["after"] == [3.0, 6.0, 9.0], out
   assert "this process is a fork of the one that opened the connection" in out["child"] and "spawn or forkserver" in out["child"], out
+
+def test_a_forked_childs_allocation_ends_with_the_reason_as_its_last_line(scripts):
+  """tinygrad turns an allocation's error into `MemoryError: Allocation of 20 B failed`, the reason only in the chained cause, which a
+  fork pool does not carry to the parent: the last line the user sees is the reason."""
+  p = client_run(str(scripts / "forkalloc.py"))
+  assert p.returncode == 1 and p.stdout == "[2.0, 2.0]\n", (p.stdout, p.stderr[-3000:])
+  last = p.stderr.strip().splitlines()[-1]
+  assert "this process is a fork of the one that opened the connection" in last and "MemoryError" not in p.stderr, p.stderr[-3000:]
 
 def test_usage_errors(scripts, shared):
   p = client_run()
