@@ -70,11 +70,13 @@ get_buffer(struct session *s, uint32_t tag, uint32_t h)
 }
 
 int
-sess_alloc(struct session *s, const struct proto_talloc *t)
+sess_alloc(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_talloc *t = &m->talloc;
 	uint32_t tag = t->h.tag;
 	struct buffer *b;
 
+	(void)frame;
 	if (htab_get(&s->bufs, t->handle) != NULL)
 		return sess_errorf(s, tag, PROTO_EEXIST,
 		    "buffer handle %u is already in use", t->handle);
@@ -126,10 +128,12 @@ free_buffer(struct session *s, struct buffer *b)
 }
 
 int
-sess_free(struct session *s, const struct proto_tfree *t)
+sess_free(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tfree *t = &m->tfree;
 	struct buffer *b = htab_del(&s->bufs, t->handle);
 
+	(void)frame;
 	if (b == NULL)
 		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
 		    "no buffer with handle %u (never allocated or already "
@@ -161,13 +165,15 @@ sess_write_dst(struct session *s, uint32_t tag, uint32_t handle,
  * buffer, or is discarded when the request fails. With FCACHE the cache
  * keeps a copy too, named by the hash it computes (cachelink.c). */
 int
-sess_write(struct session *s, const struct proto_twrite *t)
+sess_write(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_twrite *t = &m->twrite;
 	struct be_span *span = NULL;
 	struct buffer *b;
 	uint8_t *dst;
 	int rc;
 
+	(void)frame;
 	dst = sess_write_dst(s, t->h.tag, t->handle, t->offset, t->count, &b);
 	/* Profiling: the time the data took to arrive into the buffer. */
 	if (dst != NULL && (span = sess_prof_add(s, PROTO_PROF_WRITE,
@@ -190,13 +196,15 @@ static int send_read(struct session *, const struct proto_tread *,
     const uint8_t *);
 
 int
-sess_read(struct session *s, const struct proto_tread *t)
+sess_read(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tread *t = &m->tread;
 	struct buffer *b = get_buffer(s, t->h.tag, t->handle);
 	const uint8_t *src;
 	struct be_span *span;
 	int rc;
 
+	(void)frame;
 	if (b == NULL)
 		return sess_fail_reply(s);
 	if (!range_ok(b->size, t->offset, t->count)) {
@@ -266,11 +274,13 @@ send_read(struct session *s, const struct proto_tread *t, const uint8_t *src)
 }
 
 int
-sess_copy(struct session *s, const struct proto_tcopy *t)
+sess_copy(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tcopy *t = &m->tcopy;
 	struct buffer *d, *src;
 	struct be_span *span;
 
+	(void)frame;
 	if ((d = get_buffer(s, t->h.tag, t->dst)) == NULL ||
 	    (src = get_buffer(s, t->h.tag, t->src)) == NULL)
 		return -1;

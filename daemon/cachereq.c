@@ -14,8 +14,10 @@
 #include "session.h"
 
 int
-sess_have(struct session *s, const struct proto_have *t, const uint8_t *body)
+sess_have(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_have *t = &m->have;
+	const uint8_t *body = frame + proto_fixed_size(m->h.type);
 	union proto_msg r;
 	uint8_t *held;
 	int rc;
@@ -38,13 +40,16 @@ sess_have(struct session *s, const struct proto_have *t, const uint8_t *body)
 }
 
 int
-sess_writehash(struct session *s, const struct proto_twritehash *t)
+sess_writehash(struct session *s, const union proto_msg *m,
+    const uint8_t *frame)
 {
+	const struct proto_twritehash *t = &m->twritehash;
 	struct be_span *span;
 	struct buffer *b;
 	uint8_t *dst;
 	int rc;
 
+	(void)frame;
 	if ((dst = sess_write_dst(s, t->h.tag, t->handle, t->offset,
 	    t->count, &b)) == NULL)
 		return -1;

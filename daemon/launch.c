@@ -301,9 +301,9 @@ free_graph(void *v, void *arg)
 }
 
 int
-sess_graph(struct session *s, const struct proto_tgraph *t,
-    const uint8_t *frame)
+sess_graph(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tgraph *t = &m->tgraph;
 	struct proto_launch pl;
 	struct proto_arg args[PROTO_MAX_ARGS];
 	int64_t vals[PROTO_MAX_ARGS];
@@ -420,9 +420,9 @@ check_patch(struct session *s, uint32_t tag, const struct graph *g,
 }
 
 int
-sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
-    const uint8_t *frame)
+sess_graphrun(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tgraphrun *t = &m->tgraphrun;
 	struct graph *g = htab_get(&s->graphs, t->graph);
 	const uint8_t *body = frame + sizeof(*t);
 	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a, nprof = 0;
@@ -554,10 +554,13 @@ sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
 }
 
 int
-sess_graphfree(struct session *s, const struct proto_tgraphfree *t)
+sess_graphfree(struct session *s, const union proto_msg *m,
+    const uint8_t *frame)
 {
+	const struct proto_tgraphfree *t = &m->tgraphfree;
 	struct graph *g = htab_del(&s->graphs, t->graph);
 
+	(void)frame;
 	if (g == NULL)
 		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
 		    "no graph with handle %u", t->graph);

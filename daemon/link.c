@@ -145,11 +145,13 @@ link_error(struct session *s, uint32_t tag, const struct link *l)
 }
 
 int
-sess_listen(struct session *s, const struct proto_tlisten *t)
+sess_listen(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tlisten *t = &m->tlisten;
 	struct peer_grant *g;
 	struct link *l;
 
+	(void)frame;
 	if ((l = new_link(s, t->h.tag, t->link, LINK_RECV)) == NULL)
 		return sess_fail_reply(s);
 	if ((g = peer_new_grant(s, t->h.tag, t->ttl)) == NULL) {
@@ -164,8 +166,10 @@ sess_listen(struct session *s, const struct proto_tlisten *t)
 }
 
 int
-sess_dial(struct session *s, const struct proto_tdial *t, const uint8_t *body)
+sess_dial(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tdial *t = &m->tdial;
+	const uint8_t *body = frame + proto_fixed_size(m->h.type);
 	char host[PROTO_MAX_PEER_HOST + 1];
 	uint8_t cnonce[PROTO_NONCE_SIZE];
 	struct link *l;
@@ -198,10 +202,12 @@ sess_dial(struct session *s, const struct proto_tdial *t, const uint8_t *body)
 }
 
 int
-sess_unlink(struct session *s, const struct proto_tunlink *t)
+sess_unlink(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tunlink *t = &m->tunlink;
 	struct link *l = htab_del(&s->links, t->link);
 
+	(void)frame;
 	if (l == NULL)
 		return sess_errorf(s, t->h.tag, PROTO_EHANDLE, "no link with "
 		    "handle %u", t->link);

@@ -135,11 +135,13 @@ peer_send_grant(struct session *s, unsigned type, uint32_t tag,
 }
 
 int
-sess_grant(struct session *s, const struct proto_tgrant *t)
+sess_grant(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tgrant *t = &m->tgrant;
 	struct buffer *b = htab_get(&s->bufs, t->handle);
 	struct peer_grant *g;
 
+	(void)frame;
 	if (b == NULL)
 		sess_errorf(s, t->h.tag, PROTO_EHANDLE, "no buffer with handle "
 		    "%u", t->handle);
@@ -177,9 +179,10 @@ peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
 }
 
 int
-sess_peersend(struct session *s, const struct proto_tpeersend *t,
-    const uint8_t *body)
+sess_peersend(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tpeersend *t = &m->tpeersend;
+	const uint8_t *body = frame + proto_fixed_size(m->h.type);
 	struct buffer *b = htab_get(&s->bufs, t->handle);
 	char host[PROTO_MAX_PEER_HOST + 1];
 	uint8_t cnonce[PROTO_NONCE_SIZE];

@@ -100,10 +100,11 @@ prof_start(struct session *s, uint32_t tag)
 }
 
 int
-sess_clock(struct session *s, const union proto_msg *m)
+sess_clock(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
 	union proto_msg r;
 
+	(void)frame;
 	memset(&r, 0, sizeof(r));
 	r.h.type = PROTO_RCLOCK;
 	r.h.tag = m->h.tag;
@@ -118,8 +119,9 @@ sess_clock(struct session *s, const union proto_msg *m)
  * only when no device work can still write into it.
  */
 int
-sess_profile(struct session *s, const struct proto_tprofile *t)
+sess_profile(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tprofile *t = &m->tprofile;
 	struct prof *p;
 	union proto_msg r;
 	struct proto_prof rec;
@@ -127,6 +129,7 @@ sess_profile(struct session *s, const struct proto_tprofile *t)
 	uint8_t *o;
 	int synced;
 
+	(void)frame;
 	if (t->mode != PROTO_PROFILE_OFF && t->mode != PROTO_PROFILE_ON) {
 		sess_errorf(s, t->h.tag, PROTO_EINVAL, "unknown profile mode %u",
 		    t->mode);

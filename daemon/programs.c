@@ -75,8 +75,10 @@ utf8_valid(const uint8_t *p, size_t n)
 }
 
 int
-sess_load(struct session *s, const struct proto_tload *t, const uint8_t *body)
+sess_load(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tload *t = &m->tload;
+	const uint8_t *body = frame + proto_fixed_size(m->h.type);
 	struct be_program_desc d;
 	struct program *p;
 	char *longerr = NULL, prefix[PROTO_MAX_NAME + 32];
@@ -182,10 +184,12 @@ free_program(struct session *s, struct program *p)
 }
 
 int
-sess_unload(struct session *s, const struct proto_tunload *t)
+sess_unload(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tunload *t = &m->tunload;
 	struct program *p = htab_del(&s->progs, t->prog);
 
+	(void)frame;
 	if (p == NULL)
 		return sess_errorf(s, t->h.tag, PROTO_EHANDLE,
 		    "no program with handle %u", t->prog);

@@ -215,46 +215,101 @@ static const struct field f_prof[] = {
 	FI(proto_prof, end, 24), FI(proto_prof, count, 32)
 };
 
+/*
+ * A message's size rule: its frame is its fixed part and nothing more
+ * (SIZE_FIXED), or the fixed part plus the sum of its terms, each a count
+ * field times a unit (SIZE_PLUS; SIZE_ARGS: also at most PROTO_MAX_ARGS
+ * buffers and values in all, as the receiver decodes into arrays of that
+ * size), or at least the fixed part (SIZE_MIN: Tgraph, whose records are
+ * checked one by one by proto_get_launch).
+ */
+enum { SIZE_FIXED, SIZE_PLUS, SIZE_ARGS, SIZE_MIN };
+
+struct term {
+	uint16_t	 unit;	/* bytes per count */
+	uint16_t	 moff;	/* the count's member in the C struct */
+	uint16_t	 width;
+	const char	*name;
+};
+
+#define T(s, m, u, n)	{ u, offsetof(struct s, m), sizeof(((struct s *)0)->m), n }
+
+static const struct term t_rerror[] = { T(proto_rerror, count, 1, "count") };
+static const struct term t_ping[] = { T(proto_ping, count, 1, "count") };
+static const struct term t_rread[] = { T(proto_rread, count, 1, "count") };
+static const struct term t_rhave[] = { T(proto_have, count, 1, "count") };
+static const struct term t_twrite[] = { T(proto_twrite, count, 1, "count") };
+static const struct term t_tpeersend[] = {
+	T(proto_tpeersend, hostlen, 1, "hostlen")
+};
+static const struct term t_tdial[] = { T(proto_tdial, hostlen, 1, "hostlen") };
+static const struct term t_tload[] = {
+	T(proto_tload, namelen, 1, "namelen"),
+	T(proto_tload, datalen, 1, "datalen")
+};
+static const struct term t_tlaunch[] = {
+	T(proto_tlaunch, l.nbufs, ARG_SIZE, "nbufs"),
+	T(proto_tlaunch, l.nvals, VAL_SIZE, "nvals")
+};
+static const struct term t_tgraphrun[] = {
+	T(proto_tgraphrun, count, PATCH_SIZE, "count")
+};
+static const struct term t_thave[] = {
+	T(proto_have, count, PROTO_HASH_SIZE, "count")
+};
+static const struct term t_rprofile[] = {
+	T(proto_rprofile, count, PROF_SIZE, "count")
+};
+
 struct msgdef {
 	const char		*name;
 	uint32_t		 size;	/* fixed part, header included */
 	const struct field	*f;	/* fields after the header */
 	size_t			 nf;
+	int			 rule;	/* SIZE_* */
+	const struct term	*t;	/* what follows the fixed part */
+	size_t			 nt;
 };
 
-#define M(n, s, f)	{ n, s, f, nitems(f) }
+#define M(n, s, f)	{ n, s, f, nitems(f), SIZE_FIXED, NULL, 0 }
+/* With a payload: rule r, terms t. */
+#define MP(n, s, f, r, t)	{ n, s, f, nitems(f), r, t, nitems(t) }
 
 /* Pad fields are in no table: they are written as zero and never read. */
 static const struct msgdef msgs[] = {
-	[PROTO_RERROR] = M("Rerror", 20, f_rerror),
+	[PROTO_RERROR] = MP("Rerror", 20, f_rerror, SIZE_PLUS, t_rerror),
 	[PROTO_THELLO] = M("Thello", 24, f_thello),
 	[PROTO_RHELLO] = M("Rhello", 328, f_rhello),
 	[PROTO_TAUTH] = M("Tauth", 76, f_tauth),
 	[PROTO_RAUTH] = M("Rauth", 44, f_rauth),
-	[PROTO_TPING] = M("Tping", 16, f_ping),
-	[PROTO_RPING] = M("Rping", 16, f_ping),
-	[PROTO_TSYNC] = { "Tsync", 12, NULL, 0 },
-	[PROTO_RSYNC] = { "Rsync", 12, NULL, 0 },
+	[PROTO_TPING] = MP("Tping", 16, f_ping, SIZE_PLUS, t_ping),
+	[PROTO_RPING] = MP("Rping", 16, f_ping, SIZE_PLUS, t_ping),
+	[PROTO_TSYNC] = { "Tsync", 12, NULL, 0, SIZE_FIXED, NULL, 0 },
+	[PROTO_RSYNC] = { "Rsync", 12, NULL, 0, SIZE_FIXED, NULL, 0 },
 	[PROTO_TALLOC] = M("Talloc", 24, f_talloc),
 	[PROTO_TFREE] = M("Tfree", 16, f_tfree),
-	[PROTO_TWRITE] = M("Twrite", 32, f_twrite),
+	[PROTO_TWRITE] = MP("Twrite", 32, f_twrite, SIZE_PLUS, t_twrite),
 	[PROTO_TREAD] = M("Tread", 32, f_tread),
-	[PROTO_RREAD] = M("Rread", 16, f_rread),
+	[PROTO_RREAD] = MP("Rread", 16, f_rread, SIZE_PLUS, t_rread),
 	[PROTO_TCOPY] = M("Tcopy", 48, f_tcopy),
-	[PROTO_TLOAD] = M("Tload", 44, f_tload),
+	[PROTO_TLOAD] = MP("Tload", 44, f_tload, SIZE_PLUS, t_tload),
 	[PROTO_TUNLOAD] = M("Tunload", 16, f_tunload),
-	[PROTO_TLAUNCH] = M("Tlaunch", 48, f_tlaunch),
+	[PROTO_TLAUNCH] = MP("Tlaunch", 48, f_tlaunch, SIZE_ARGS,
+	    t_tlaunch),
 	[PROTO_RLAUNCH] = M("Rlaunch", 24, f_rtime),
-	[PROTO_TGRAPH] = M("Tgraph", 24, f_tgraph),
-	[PROTO_TGRAPHRUN] = M("Tgraphrun", 24, f_tgraphrun),
+	[PROTO_TGRAPH] = { "Tgraph", 24, f_tgraph, nitems(f_tgraph),
+	    SIZE_MIN, NULL, 0 },
+	[PROTO_TGRAPHRUN] = MP("Tgraphrun", 24, f_tgraphrun, SIZE_PLUS,
+	    t_tgraphrun),
 	[PROTO_RGRAPHRUN] = M("Rgraphrun", 24, f_rtime),
 	[PROTO_TGRAPHFREE] = M("Tgraphfree", 16, f_tgraphfree),
-	[PROTO_TCLOCK] = { "Tclock", 12, NULL, 0 },
+	[PROTO_TCLOCK] = { "Tclock", 12, NULL, 0, SIZE_FIXED, NULL, 0 },
 	[PROTO_RCLOCK] = M("Rclock", 24, f_rclock),
 	[PROTO_TPROFILE] = M("Tprofile", 20, f_tprofile),
-	[PROTO_RPROFILE] = M("Rprofile", 32, f_rprofile),
-	[PROTO_THAVE] = M("Thave", 16, f_have),
-	[PROTO_RHAVE] = M("Rhave", 16, f_have),
+	[PROTO_RPROFILE] = MP("Rprofile", 32, f_rprofile, SIZE_PLUS,
+	    t_rprofile),
+	[PROTO_THAVE] = MP("Thave", 16, f_have, SIZE_PLUS, t_thave),
+	[PROTO_RHAVE] = MP("Rhave", 16, f_have, SIZE_PLUS, t_rhave),
 	[PROTO_TWRITEHASH] = M("Twritehash", 64, f_twritehash),
 	[PROTO_TRESUMEKEY] = M("Tresumekey", 16, f_tresumekey),
 	[PROTO_RRESUMEKEY] = M("Rresumekey", 56, f_rresumekey),
@@ -263,13 +318,14 @@ static const struct msgdef msgs[] = {
 	[PROTO_TACK] = M("Tack", 24, f_tack),
 	[PROTO_TGRANT] = M("Tgrant", 40, f_tgrant),
 	[PROTO_RGRANT] = M("Rgrant", 56, f_rgrant),
-	[PROTO_TPEERSEND] = M("Tpeersend", 80, f_tpeersend),
+	[PROTO_TPEERSEND] = MP("Tpeersend", 80, f_tpeersend, SIZE_PLUS,
+	    t_tpeersend),
 	[PROTO_RPEERSEND] = M("Rpeersend", 24, f_rtime),
 	[PROTO_TPEER] = M("Tpeer", 96, f_tpeer),
 	[PROTO_RPEER] = M("Rpeer", 56, f_rpeer),
 	[PROTO_TLISTEN] = M("Tlisten", 20, f_tlisten),
 	[PROTO_RLISTEN] = M("Rlisten", 56, f_rgrant),
-	[PROTO_TDIAL] = M("Tdial", 64, f_tdial),
+	[PROTO_TDIAL] = MP("Tdial", 64, f_tdial, SIZE_PLUS, t_tdial),
 	[PROTO_RDIAL] = M("Rdial", 24, f_rtime),
 	[PROTO_TUNLINK] = M("Tunlink", 16, f_tunlink)
 };
@@ -491,112 +547,81 @@ size_is(uint32_t size, uint32_t fixed, uint64_t extra)
 	return size >= fixed && size - fixed == extra;
 }
 
+/* The value of a count member of m (2, 4 or 8 bytes wide). */
+static uint64_t
+term_value(const union proto_msg *m, const struct term *t)
+{
+	const uint8_t	*p = (const uint8_t *)m + t->moff;
+	uint16_t	 v16;
+	uint32_t	 v32;
+	uint64_t	 v64;
+
+	if (t->width == 2) {
+		memcpy(&v16, p, 2);
+		return v16;
+	}
+	if (t->width == 4) {
+		memcpy(&v32, p, 4);
+		return v32;
+	}
+	memcpy(&v64, p, 8);
+	return v64;
+}
+
 int
 proto_check_size(const union proto_msg *m, char *err)
 {
 	const struct msgdef	*d;
 	uint32_t		 size = m->h.size;
-	unsigned		 nb, nv;
+	uint64_t		 v[2] = { 0, 0 }, extra = 0;
+	char			 what[128];
+	size_t			 i, n = 0;
 
 	if ((d = msgdef(m->h.type)) == NULL)
 		return fail(err, "unknown message type %u", (unsigned)m->h.type);
-	switch (m->h.type) {
-	case PROTO_RERROR:
-		if (!size_is(size, d->size, m->rerror.count))
-			goto count;
-		return 0;
-	case PROTO_TPING:
-	case PROTO_RPING:
-		if (!size_is(size, d->size, m->ping.count))
-			goto count;
-		return 0;
-	case PROTO_RREAD:
-		if (!size_is(size, d->size, m->rread.count))
-			goto count;
-		return 0;
-	case PROTO_TPEERSEND:
-		if (!size_is(size, d->size, m->tpeersend.hostlen))
-			return fail(err, "Tpeersend frame size %" PRIu32 " is not "
-			    "its %" PRIu32 "-byte fixed part + hostlen %u", size,
-			    d->size, (unsigned)m->tpeersend.hostlen);
-		return 0;
-	case PROTO_TDIAL:
-		if (!size_is(size, d->size, m->tdial.hostlen))
-			return fail(err, "Tdial frame size %" PRIu32 " is not "
-			    "its %" PRIu32 "-byte fixed part + hostlen %u", size,
-			    d->size, (unsigned)m->tdial.hostlen);
-		return 0;
-	case PROTO_TWRITE:
-		if (!size_is(size, d->size, m->twrite.count))
-			return fail(err, "Twrite frame size %" PRIu32 " is not "
-			    "its %" PRIu32 "-byte fixed part + count %" PRIu64,
-			    size, d->size, m->twrite.count);
-		return 0;
-	case PROTO_TLOAD:
-		if (!size_is(size, d->size,
-		    (uint64_t)m->tload.namelen + m->tload.datalen))
-			return fail(err, "Tload frame size %" PRIu32 " is not "
-			    "its %" PRIu32 "-byte fixed part + namelen %" PRIu32
-			    " + datalen %" PRIu32, size, d->size,
-			    m->tload.namelen, m->tload.datalen);
-		return 0;
-	case PROTO_TLAUNCH:
-		nb = m->tlaunch.l.nbufs;
-		nv = m->tlaunch.l.nvals;
-		/* The receiver decodes into arrays of PROTO_MAX_ARGS. */
-		if (nb + nv > PROTO_MAX_ARGS)
-			return fail(err, "Tlaunch has %u buffers + %u values, "
-			    "more than the %d arguments a kernel may take",
-			    nb, nv, PROTO_MAX_ARGS);
-		if (!size_is(size, d->size, (uint64_t)ARG_SIZE * nb +
-		    (uint64_t)VAL_SIZE * nv))
-			return fail(err, "Tlaunch frame size %" PRIu32 " is not "
-			    "its %" PRIu32 "-byte fixed part + 16 * nbufs %u + "
-			    "8 * nvals %u", size, d->size, nb, nv);
-		return 0;
-	case PROTO_TGRAPHRUN:
-		if (!size_is(size, d->size,
-		    (uint64_t)PATCH_SIZE * m->tgraphrun.count))
-			return fail(err, "Tgraphrun frame size %" PRIu32 " is "
-			    "not its %" PRIu32 "-byte fixed part + 24 * count %"
-			    PRIu32, size, d->size, m->tgraphrun.count);
-		return 0;
-	case PROTO_THAVE:
-		if (!size_is(size, d->size,
-		    (uint64_t)PROTO_HASH_SIZE * m->have.count))
-			return fail(err, "Thave frame size %" PRIu32 " is not "
-			    "its %" PRIu32 "-byte fixed part + 32 * count %"
-			    PRIu32, size, d->size, m->have.count);
-		return 0;
-	case PROTO_RHAVE:
-		if (!size_is(size, d->size, m->have.count))
-			goto count;
-		return 0;
-	case PROTO_RPROFILE:
-		if (!size_is(size, d->size,
-		    (uint64_t)PROF_SIZE * m->rprofile.count))
-			return fail(err, "Rprofile frame size %" PRIu32 " is "
-			    "not its %" PRIu32 "-byte fixed part + 40 * count %"
-			    PRIu32, size, d->size, m->rprofile.count);
-		return 0;
-	case PROTO_TGRAPH:
-		/* Records are checked one by one by proto_get_launch. */
-		if (size < d->size)
-			return fail(err, "Tgraph frame size %" PRIu32 " is "
-			    "smaller than its %" PRIu32 "-byte fixed part",
-			    size, d->size);
-		return 0;
-	default:
+	if (d->rule == SIZE_FIXED) {
 		if (size != d->size)
 			return fail(err, "%s frame size %" PRIu32 " is not its "
 			    "fixed size %" PRIu32, d->name, size, d->size);
 		return 0;
 	}
-count:
-	/* Rerror, Tping, Rping, Rread and Rhave keep their count at 12. */
+	if (d->rule == SIZE_MIN) {
+		if (size < d->size)
+			return fail(err, "%s frame size %" PRIu32 " is "
+			    "smaller than its %" PRIu32 "-byte fixed part",
+			    d->name, size, d->size);
+		return 0;
+	}
+	/* Each term fits in 64 bits: a count wider than 32 bits has unit 1,
+	 * and no sum can match a 32-bit size once a term passes it. */
+	for (i = 0; i < d->nt; i++) {
+		v[i % 2] = term_value(m, &d->t[i]);
+		if (v[i % 2] > UINT32_MAX)
+			extra = UINT64_MAX;
+		else if (extra != UINT64_MAX)
+			extra += d->t[i].unit * v[i % 2];
+	}
+	if (d->rule == SIZE_ARGS && v[0] + v[1] > PROTO_MAX_ARGS)
+		return fail(err, "%s has %u buffers + %u values, more than the "
+		    "%d arguments a kernel may take", d->name, (unsigned)v[0],
+		    (unsigned)v[1], PROTO_MAX_ARGS);
+	if (size_is(size, d->size, extra))
+		return 0;
+	what[0] = '\0';
+	for (i = 0; i < d->nt; i++) {
+		if (d->t[i].unit > 1)
+			n += (size_t)snprintf(what + n, sizeof(what) - n,
+			    " + %u * %s %" PRIu64, d->t[i].unit, d->t[i].name,
+			    term_value(m, &d->t[i]));
+		else
+			n += (size_t)snprintf(what + n, sizeof(what) - n,
+			    " + %s %" PRIu64, d->t[i].name,
+			    term_value(m, &d->t[i]));
+		if (n >= sizeof(what))
+			break;
+	}
 	return fail(err, "%s frame size %" PRIu32 " is not its %" PRIu32
-	    "-byte fixed part + count %" PRIu32, d->name, size, d->size,
-	    m->ping.count);
+	    "-byte fixed part%s", d->name, size, d->size, what);
 }
 
 size_t

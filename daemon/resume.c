@@ -485,10 +485,12 @@ resume_keep(struct session *s)
 }
 
 int
-resume_ack(struct session *s, const struct proto_tack *t)
+resume_ack(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tack *t = &m->tack;
 	struct resume *rs = s->rs;
 
+	(void)frame;
 	if (!resume_offered(s))
 		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "this runner does "
 		    "not take acknowledgements (no CAP_ACK)") == -1 ? -2 : 0;
@@ -840,11 +842,13 @@ resume_wait(struct session *s)
 }
 
 int
-resume_key(struct session *s, const struct proto_tresumekey *t)
+resume_key(struct session *s, const union proto_msg *m, const uint8_t *frame)
 {
+	const struct proto_tresumekey *t = &m->tresumekey;
 	const struct mr_config *cfg = s->ctx->cfg;
 	union proto_msg r;
 
+	(void)frame;
 	if (!resume_offered(s))
 		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "this runner does "
 		    "not resume sessions (no CAP_RESUME)") == -1 ? -2 : 0;
@@ -885,10 +889,13 @@ resume_key(struct session *s, const struct proto_tresumekey *t)
 }
 
 int
-resume_request(struct session *s, const struct proto_tresume *t)
+resume_request(struct session *s, const union proto_msg *m,
+    const uint8_t *frame)
 {
+	const struct proto_tresume *t = &m->tresume;
 	struct handover h;
 
+	(void)frame;
 	if (!resume_offered(s))
 		return sess_fatal(s, t->h.tag, PROTO_EPROTO, "this runner does "
 		    "not resume sessions (no CAP_RESUME)") == -1 ? -2 : 0;

@@ -1,8 +1,10 @@
 /*
  * session.h: what the files of one session share, and nothing else.
  *
- * A session is split by concern: session.c reads frames, queues replies
- * and errors and dispatches; handshake.c answers Thello and Tauth;
+ * A session is split by concern, in layers: dispatch.c (the message table
+ * and the serve loop) calls the request handlers, which answer through
+ * session.c (frame input, replies, the error queue) below them; handshake.c
+ * answers Thello and Tauth;
  * buffers.c and programs.c keep the handle tables; launch.c resolves and
  * runs kernels and graphs and reports a crashing one. They share struct
  * session and the helpers declared here, grouped by file. Private to the
@@ -10,7 +12,9 @@
  *
  * A request handler sess_X answers TX: 0, -1 for a failed request (its
  * error is queued, or is the reply of a request that waits), -2 to end
- * the session.
+ * the session. Every handler has the one shape, sess_handler: the decoded
+ * fixed part and the whole frame (NULL for Twrite, whose handler takes its
+ * payload from the socket); dispatch.c's table names each.
  */
 #ifndef SESSION_H
 #define SESSION_H
@@ -147,7 +151,14 @@ min64(uint64_t a, uint64_t b)
 	return a < b ? a : b;
 }
 
+typedef int sess_handler(struct session *s, const union proto_msg *m,
+    const uint8_t *frame);
+
 /* session.c: the output buffer, the error queue and frame input */
+/* Make n bytes of the current frame available at s->in + s->inoff (boundary:
+ * between frames, where peers and resumes are served and the idle limit
+ * applies): 1, 0 at a clean end of stream between frames, -1 on error. */
+int sess_need(struct session *s, size_t n, int boundary);
 int sess_grow(uint8_t **p, size_t *cap, size_t need);
 int sess_flush(struct session *s);
 int sess_drain_errors(struct session *s);
@@ -183,33 +194,28 @@ int sess_host_read(struct session *s, struct buffer *b);
 int sess_host_writes(struct session *s, struct buffer *b, uint64_t count);
 void sess_host_wrote(struct session *s, struct buffer *b, uint64_t offset,
     uint64_t count);
-int sess_alloc(struct session *s, const struct proto_talloc *t);
-int sess_free(struct session *s, const struct proto_tfree *t);
-int sess_write(struct session *s, const struct proto_twrite *t);
-int sess_read(struct session *s, const struct proto_tread *t);
-int sess_copy(struct session *s, const struct proto_tcopy *t);
+sess_handler sess_alloc;
+sess_handler sess_free;
+sess_handler sess_write;
+sess_handler sess_read;
+sess_handler sess_copy;
 void sess_release_buffer(void *v, void *arg);	/* htab_clear callback */
 
 /* programs.c */
-int sess_load(struct session *s, const struct proto_tload *t,
-    const uint8_t *body);
-int sess_unload(struct session *s, const struct proto_tunload *t);
+sess_handler sess_load;
+sess_handler sess_unload;
 void sess_release_program(void *v, void *arg);	/* htab_clear callback */
 
 /* launch.c */
-int sess_launch(struct session *s, const union proto_msg *m,
-    const uint8_t *frame);
-int sess_graph(struct session *s, const struct proto_tgraph *t,
-    const uint8_t *frame);
-int sess_graphrun(struct session *s, const struct proto_tgraphrun *t,
-    const uint8_t *frame);
-int sess_graphfree(struct session *s, const struct proto_tgraphfree *t);
+sess_handler sess_launch;
+sess_handler sess_graph;
+sess_handler sess_graphrun;
+sess_handler sess_graphfree;
 void sess_release_graph(void *v, void *arg);	/* htab_clear callback */
 
 /* cachereq.c */
-int sess_have(struct session *s, const struct proto_have *t,
-    const uint8_t *body);
-int sess_writehash(struct session *s, const struct proto_twritehash *t);
+sess_handler sess_have;
+sess_handler sess_writehash;
 
 /* profile.c */
 /* A record for work of request tag; returns where its times go, or NULL
@@ -219,8 +225,8 @@ struct be_span *sess_prof_add(struct session *s, unsigned kind, uint32_t tag,
 void sess_prof_drop(struct session *s, size_t n);
 uint64_t sess_prof_now(struct session *s);
 void sess_prof_free(struct session *s);
-int sess_clock(struct session *s, const union proto_msg *m);
-int sess_profile(struct session *s, const struct proto_tprofile *t);
+sess_handler sess_clock;
+sess_handler sess_profile;
 
 /* resume.c */
 int resume_offered(const struct session *s);	/* CAP_RESUME */
@@ -232,10 +238,10 @@ int resume_pollfd(const struct session *s);
  * refused, nothing changed; -1: the session is lost, or the runner is
  * stopping. */
 int resume_take(struct session *s);
-int resume_key(struct session *s, const struct proto_tresumekey *t);
-int resume_request(struct session *s, const struct proto_tresume *t);
+sess_handler resume_key;
+sess_handler resume_request;
 /* Tack: the client received the stream up to t->received. */
-int resume_ack(struct session *s, const struct proto_tack *t);
+sess_handler resume_ack;
 /* A request may change buffers: copy the Rread data the session still keeps
  * by reference (s->rread_refs), since the client may yet miss it. */
 void resume_keep(struct session *s);
@@ -254,9 +260,8 @@ void resume_free(struct session *s);
 void resume_end(struct session *s);
 
 /* peer.c: copies between runners */
-int sess_grant(struct session *s, const struct proto_tgrant *t);
-int sess_peersend(struct session *s, const struct proto_tpeersend *t,
-    const uint8_t *body);
+sess_handler sess_grant;
+sess_handler sess_peersend;
 /* For link.c: a new grant (NULL: error queued), dropping a link's unused
  * grant, and the Rgrant-shaped reply (Rgrant or Rlisten). */
 struct peer_grant *peer_new_grant(struct session *s, uint32_t tag,
@@ -282,10 +287,9 @@ void sess_peer_take(struct session *s);
 void sess_peer_free(struct session *s);
 
 /* link.c: links between runners (protocol.md, Links between runners) */
-int sess_listen(struct session *s, const struct proto_tlisten *t);
-int sess_dial(struct session *s, const struct proto_tdial *t,
-    const uint8_t *body);
-int sess_unlink(struct session *s, const struct proto_tunlink *t);
+sess_handler sess_listen;
+sess_handler sess_dial;
+sess_handler sess_unlink;
 /* A peer connection that proved link grant g (peer.c): it becomes the
  * link's stream. */
 void link_accept(struct session *s, int fd, const struct peer_grant *g,
