@@ -7,7 +7,7 @@
 # A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback), as
 # does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
-import atexit, contextlib, hashlib, os, platform, re, select, signal, socket, subprocess, sys, threading, types
+import _thread, atexit, contextlib, hashlib, os, platform, re, select, signal, socket, subprocess, sys, threading, types
 from typing import cast
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
@@ -33,6 +33,19 @@ def _one_line(prev):
     else: prev(t, e, tb)
   return hook
 sys.excepthook = _one_line(sys.excepthook)
+
+# Ctrl-C: a KeyboardInterrupt raised while a finalizer runs (UOp.__del__, a buffer's) is printed as "Exception ignored" and dropped, and
+# the program runs on (one Ctrl-C in ten or so with a runner: its finalizers queue frees). Delivered again, from a timer thread so that
+# it comes once the finalizer has returned, it lands in the program's own code, as a Ctrl-C should (the program's own SIGINT handler,
+# if it set one, is the one that runs).
+def _interrupt_again(prev):
+  def hook(u):
+    if u.exc_type is KeyboardInterrupt and threading.current_thread() is threading.main_thread():
+      (t:=threading.Timer(0.02, _thread.interrupt_main)).daemon = True   # 20 ms: past this hook and the finalizer
+      t.start()
+    else: prev(u)
+  return hook
+sys.unraisablehook = _interrupt_again(sys.unraisablehook)
 
 def unusable(addr:str, e:Exception) -> RunnerUnavailable:
   """The one line for a runner that cannot be used: its address, the reason and, where the reason does not say it, what to check."""
