@@ -7,7 +7,9 @@ spawn and forkserver, tinygrad's BEAM workers, a subprocess) have the devices to
 --runner sets METAL_RUNNER and --token-file METAL_RUNNER_TOKEN_FILE for the program and its children (one token file for every runner, or
 one per --runner address, comma-separated in the same order; neither given nor set: ~/.metal_runner_token if it exists); with neither
 --runner nor METAL_RUNNER, a local runner is started once and stopped at exit. A runner that cannot be used stops the program before it starts, with
-one line that names it and says why (exit code 1): the program never runs on another device instead. docs/client-run.md has the details.
+one line that names it and says why (exit code 1): the program never runs on another device instead. Every runner named is checked
+before the program starts. SIGTERM and SIGHUP end the program as Ctrl-C does, its sessions with it, then as the signal would. With several
+runners, -m tinygrad.llm puts the model over all of them. More: docs/client-run.md in the metal_runner repository (not installed by pip).
 """
 from __future__ import annotations
 import importlib.machinery, importlib.util, io, os, pathlib, runpy, sys, types, zipfile
