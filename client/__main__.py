@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse, json, statistics, sys, time
 from . import protocol as P
 from .connection import Runner, RunnerError, RunnerConnectionError, NotARunnerError, TokenFileError, full_addr, held_token, read_token
+from .settings import load
 
 CAP_BITS = {P.CAP_AUTH: "auth", P.CAP_UNIFIED: "unified", P.CAP_CPU_IMAGE: "cpu_image", P.CAP_METALLIB: "metallib",
             P.CAP_METAL_SOURCE: "metal_source"}
@@ -87,6 +88,9 @@ def fail(args, code:int, msg:str) -> int:
 def probe(args) -> int:
   token = source = None
   try:
+    if (named:=load().get(args.addr)) is not None:   # a runner by name (~/.metal_runner_config, client/settings.py)
+      args.addr = named.address
+      if named.token_file and not args.token_file: args.token_file = named.token_file
     addr = full_addr(args.addr)   # as messages show it: with its port
     if args.addr == "auto":
       from .discovery import discover

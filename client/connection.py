@@ -167,7 +167,7 @@ def token_file(addr:str|None=None) -> tuple[str, str]|None:
   if addr is None or (a := full_addr(addr)) not in addrs:
     raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names one token file per runner of "
                          f"{named('METAL_RUNNER', runners)}, which does not list {addr}")
-  return files[addrs.index(a)], name
+  return (f, name) if (f:=files[addrs.index(a)]) else None   # "" in the list: none for that runner (client/settings.py writes it)
 
 def _private(st:os.stat_result, path:str, setting:str):
   """A token file others may read is refused, as ssh refuses such a key, and as the runner does (daemon/main.c): one of ours must be

@@ -18,6 +18,7 @@ from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import RunnerUnavailable, runner_addrs
+from client.settings import SettingsError, apply_names
 from client.graph import RemoteGraph, dims, peer_addr, unreachable
 from client.local_build import runner_exe
 
@@ -434,5 +435,7 @@ def _shutdown():  # runs before tinygrad's own atexit (registered earlier): clos
       dev.finalize()
   for proc in local_runners: stop_runner(proc)
 
+try: apply_names()   # runners by name (~/.metal_runner_config, client/settings.py): addresses from here on, for children too
+except SettingsError as e: raise RunnerUnavailable(f"metal_runner: {e}") from None
 end_cleanly_on_signals()
 use_runner_by_default()   # last: a runner that cannot be used raises from the import itself
