@@ -1,0 +1,112 @@
+"""One model across runners (client/placement.py): tinygrad.llm's --benchmark through `python -m client run` on one CPU runner against
+two and three holding a range of blocks each, in the same run, alternating, as ratios; what each runner received against its share of the
+file; and runners of unequal speed (one shares its CPU with a busy loop), the speed-aware placement against the memory-only one
+(METAL_RUNNER_PLACEMENT=memory). Also a section of bench/run.py (--only llmrunners).
+
+  python3 bench/llm_runners.py [--reps 2] [--tokens 25] [--pin]
+
+The model is a GGUF from tests/ggufgen.py (8 blocks, dim 512, FFN 2048, 8 heads, vocabulary 4096: 47.7 MB, Q8_0 feed-forward, random
+weights). A figure is the median of the decode steps after the first ten of one run (tokens/s), then the median over the reps; a ratio is
+the median of the per-rep ratios against one runner. --pin: each runner pinned to a CPU (taskset, CPU i mod the CPUs), as
+bench/multirunner.py pins them; unpinned by default. Writes bench/results/llm_runners.json.
+"""
+from __future__ import annotations
+import argparse, json, os, pathlib, re, statistics, subprocess, sys, tempfile, time
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+MODEL = dict(blocks=8, dim=512, ffn=2048, heads=8, kv_heads=8, vocab=4096)
+
+def log(*a): print(*a, file=sys.stderr, flush=True)
+
+class Runner:
+  """A CPU runner on 127.0.0.1 logging its sessions (-v) to a file, pinned to cpu if given."""
+  def __init__(self, logs:pathlib.Path, name:str, cpu:int|None=None):
+    self.log = logs / f"{name}.log"
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
+    self.p = subprocess.Popen([*pin, os.environ.get("METAL_RUNNER_BIN") or str(ROOT / "daemon" / "metal_runner"), "--host", "127.0.0.1",
+                               "--port", "0", "--backend", "cpu", "-v"], stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True)
+    line = self.p.stdout.readline()
+    if not line.startswith("listening on "): raise RuntimeError(f"runner {name} did not start: {line!r}")
+    self.addr = line.split()[2]
+  def bytes_in(self) -> list[int]: return [int(b) for b in re.findall(r"ended: .*?, (\d+) bytes in", self.log.read_text())]
+  def stop(self):
+    if self.p.poll() is None:
+      self.p.terminate()
+      try: self.p.wait(10)
+      except subprocess.TimeoutExpired: self.p.kill()
+
+def run(model:str, runners:list[Runner], tokens:int, env:dict|None=None) -> dict:
+  before = [len(r.bytes_in()) for r in runners]
+  e = {k: v for k, v in os.environ.items() if k not in ("DEV", "DEBUG", "METAL_RUNNER")}
+  p = subprocess.run([sys.executable, "-m", "client", "run", "--runner", ",".join(r.addr for r in runners), "-m", "tinygrad.llm", "--model",
+                      model, "--max_context", "128", "--benchmark", str(tokens)], capture_output=True, text=True, cwd=str(ROOT),
+                     env={**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **(env or {})}, timeout=900)
+  if p.returncode != 0: raise RuntimeError(f"the run failed: {p.stderr[-2000:]}")
+  rates = [float(x) for x in re.findall(r"([\d.]+) tok/s", p.stdout)][10:]
+  line = next((s for s in p.stderr.splitlines() if s.startswith("placement over")), "")
+  time.sleep(0.6)   # the runner logs a session's end up to half a second after it
+  got = [max(r.bytes_in()[b:], default=0) for r, b in zip(runners, before)]
+  return {"tok_s": statistics.median(rates), "text": re.findall(r"--  (.*)", p.stdout)[-1], "placement": line, "bytes_in": got,
+          "share_mib": [float(x) for x in re.findall(r", ([\d.]+) MiB(?:;|$)", line)]}
+
+def bench(reps:int=2, tokens:int=25, pin:bool=False) -> dict:
+  sys.path.insert(0, str(ROOT / "tests"))
+  from ggufgen import write
+  ncpu = os.cpu_count() or 1
+  with tempfile.TemporaryDirectory(prefix="llm-runners-") as d:
+    dd = pathlib.Path(d)
+    model = write(str(dd / "model.gguf"), **MODEL)
+    rs = [Runner(dd, f"r{i}", i % ncpu if pin else None) for i in range(4)]
+    out: dict = {"model": {**MODEL, "bytes": os.path.getsize(model)}, "pin": pin, "runs": []}
+    try:
+      for rep in range(reps):
+        modes = [("one", rs[:1]), ("two", rs[1:3]), ("three", rs[1:4])]
+        for name, group in (modes if rep % 2 == 0 else modes[::-1]):
+          log(f"rep {rep + 1}: {name} ...")
+          out["runs"].append({"rep": rep, "mode": name, **run(model, group, tokens)})
+      # unequal speeds: the second runner shares its CPU with a busy loop; speed-aware against memory-only placement
+      hog = subprocess.Popen(["taskset", "-c", str(1 % ncpu), sys.executable, "-c", "while True: pass"])
+      slow = [Runner(dd, "fast", 0 % ncpu), Runner(dd, "slow", 1 % ncpu)]
+      try:
+        for rep in range(reps):
+          for name, env in (("speed", {}), ("memory", {"METAL_RUNNER_PLACEMENT": "memory"}))[::1 if rep % 2 == 0 else -1]:
+            log(f"rep {rep + 1}: unequal runners, {name} placement ...")
+            out["runs"].append({"rep": rep, "mode": f"unequal_{name}", **run(model, slow, tokens, env)})
+      finally:
+        hog.kill()
+        for r in slow: r.stop()
+    finally:
+      for r in rs: r.stop()
+  return out
+
+def summary(out:dict) -> list[str]:
+  runs = out["runs"]
+  def med(mode): return statistics.median(r["tok_s"] for r in runs if r["mode"] == mode)
+  def ratio(mode, base):
+    return statistics.median(a["tok_s"] / b["tok_s"] for a in runs for b in runs if a["mode"] == mode and b["mode"] == base and a["rep"] == b["rep"])
+  lines = [f"model: {out['model']['bytes'] / 1e6:.1f} MB GGUF; runners {'pinned to a CPU each' if out['pin'] else 'not pinned'}; tokens/s, median"]
+  for mode, base in (("one", None), ("two", "one"), ("three", "one"), ("unequal_memory", None), ("unequal_speed", "unequal_memory")):
+    if not any(r["mode"] == mode for r in runs): continue
+    pl = next(r["placement"] for r in runs if r["mode"] == mode)
+    lines.append(f"{mode:<16} {med(mode):7.1f} tok/s" + (f"  {ratio(mode, base):.2f}x {base}" if base else "") + (f"  [{pl}]" if pl else ""))
+  same = len({r["text"] for r in runs if not r["mode"].startswith("unequal")}) == 1
+  lines.append("the same text in every mode" if same else "TEXTS DIFFER between modes")
+  for r in runs:
+    if r["share_mib"]:
+      lines.append(f"{r['mode']} rep {r['rep'] + 1}: bytes received / share: " +
+                   ", ".join(f"{g / (1 << 20):.1f}/{s:.1f} MiB ({g / (1 << 20) / s:.2f}x)" for g, s in zip(r["bytes_in"], r["share_mib"])))
+  return lines
+
+if __name__ == "__main__":
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--reps", type=int, default=2)
+  ap.add_argument("--tokens", type=int, default=25)
+  ap.add_argument("--pin", action="store_true")
+  a = ap.parse_args()
+  os.environ["METAL_RUNNER_TOKEN_FILE"] = ""
+  res = bench(a.reps, a.tokens, a.pin)
+  RESULTS.mkdir(exist_ok=True)
+  (RESULTS / "llm_runners.json").write_text(json.dumps(res, indent=1))
+  print("\n".join(summary(res)))
