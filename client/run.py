@@ -9,14 +9,15 @@ one per --runner address, comma-separated in the same order; neither given nor s
 --runner nor METAL_RUNNER, a local runner is started once and stopped at exit. A runner that cannot be used stops the program before it starts, with
 one line that names it and says why (exit code 1): the program never runs on another device instead. Every runner named is checked
 before the program starts. SIGTERM and SIGHUP end the program as Ctrl-C does, its sessions with it, then as the signal would. With several
-runners, -m tinygrad.llm puts the model over all of them. More: docs/client-run.md in the metal_runner repository (not installed by pip).
+runners, -m tinygrad.llm puts the model over all of them. Its --serve listens on 127.0.0.1 unless --listen ADDR says otherwise (0.0.0.0:
+every interface), and with --api-key-file F answers only requests with that key (Authorization: Bearer, the openai client's api_key=). More: docs/client-run.md in the metal_runner repository (not installed by pip).
 """
 from __future__ import annotations
 import importlib.machinery, importlib.util, io, os, pathlib, runpy, sys, types, zipfile
 from .connection import RUN_OPTIONS
 from .discovery import RunnerUnavailable
 
-USAGE = "usage: {prog} [--runner ADDR[,ADDR...]] [--token-file F] (SCRIPT | -m MODULE) [ARGS...]"
+USAGE = "usage: {prog} [--runner ADDR[,ADDR...]] [--token-file F] [--listen ADDR] [--api-key-file F] (SCRIPT | -m MODULE) [ARGS...]"
 SITE = pathlib.Path(__file__).resolve().parent / "run_site"   # holds the sitecustomize.py that child processes import
 MARKER = "METAL_RUNNER_CLIENT_RUN"                             # set for the program: that sitecustomize installs the devices only then
 
@@ -34,7 +35,7 @@ def parse(argv:list[str]) -> tuple[dict[str, str], str|None, str, list[str]]|Non
       if not (mod:=a[2:] or (argv[i + 1] if i + 1 < len(argv) else "")): raise Usage("-m needs a module")
       return opts, "-m", mod, argv[i + (1 if a[2:] else 2):]
     name, eq, val = a.partition("=")
-    if name in ("--runner", "--token-file"):
+    if name in ("--runner", "--token-file", "--listen", "--api-key-file"):
       if not eq:
         if i + 1 >= len(argv): raise Usage(f"{name} needs a value")
         i, val = i + 1, argv[i + 1]
@@ -85,6 +86,11 @@ def main(argv:list[str], prog:str="python -m client run") -> int:
     print(__doc__.replace("python -m client run", prog, 1))
     return 0
   opts, flag, target, args = parsed
+  serves = flag == "-m" and target == "tinygrad.llm"
+  if not serves and (given:=[o for o in ("--listen", "--api-key-file") if o in opts]):
+    print(f"{USAGE.format(prog=prog)}\n{prog}: {' and '.join(given)} appl{'y' if len(given) > 1 else 'ies'} to -m tinygrad.llm --serve only",
+          file=sys.stderr)
+    return 2
   if flag is None and not os.path.exists(target):   # python's own wording and exit code
     print(f"{prog}: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory", file=sys.stderr)
     return 2
@@ -101,7 +107,15 @@ def main(argv:list[str], prog:str="python -m client run") -> int:
     print(e, file=sys.stderr)
     return 1
   stand_in_llm_kernels()
-  if flag == "-m" and target == "tinygrad.llm": place_over_runners()
+  if serves:
+    from .connection import TokenFileError, read_token
+    from .llm_serve import guard
+    try: key = read_token(opts["--api-key-file"], "--api-key-file") if "--api-key-file" in opts else None
+    except TokenFileError as e:
+      print(f"{prog}: {e}", file=sys.stderr)
+      return 1
+    guard(opts.get("--listen", "127.0.0.1"), key)
+    place_over_runners()
   # -m a.b imports the package a to find b: only now, so that the package's own code finds the devices installed
   if flag == "-m" and not importable(target):
     print(f"{prog}: No module named {target}", file=sys.stderr)
