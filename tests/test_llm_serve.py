@@ -36,11 +36,12 @@ def serving(r, model:str, log, *opts:str, host:str="127.0.0.1", key:str|None=Non
       time.sleep(0.2)
     yield port, log.read_text()
   finally:
-    os.kill(p.pid, signal.SIGTERM)
-    try: p.wait(20)
+    os.kill(p.pid, signal.SIGTERM)   # as systemctl stop: it ends as the signal ends it, and leaves nothing behind to warn about
+    try: assert p.wait(20) == -signal.SIGTERM
     except subprocess.TimeoutExpired:
       p.kill()
       p.wait()
+  assert "resource_tracker" not in log.read_text(), log.read_text()[-2000:]
 
 def get(host:str, port:int, path:str, key:str|None=None, body:dict|None=None) -> tuple[int, dict]:
   req = urllib.request.Request(f"http://{host}:{port}{path}", data=json.dumps(body).encode() if body else None,
