@@ -109,7 +109,7 @@ def main(argv:list[str], prog:str="python -m client run") -> int:
   stand_in_llm_kernels()
   if serves:
     from .connection import TokenFileError, read_token
-    from .llm_serve import guard
+    from .llm_access import guard
     try: key = read_token(opts["--api-key-file"], "--api-key-file") if "--api-key-file" in opts else None
     except TokenFileError as e:
       print(f"{prog}: {e}", file=sys.stderr)

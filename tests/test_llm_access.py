@@ -1,4 +1,4 @@
-"""tinygrad.llm's server under `metal-client run -m tinygrad.llm --serve PORT` (client/llm_serve.py): it listens on 127.0.0.1 unless
+"""tinygrad.llm's server under `metal-client run -m tinygrad.llm --serve PORT` (client/llm_access.py): it listens on 127.0.0.1 unless
 --listen names another address (tinygrad 0.14's own listens on every interface while it prints 127.0.0.1), says where, and with
 --api-key-file answers only requests that carry the key as `Authorization: Bearer` (the openai client's api_key=). Every address used
 here is a loopback one: 127.0.0.2 stands for "another interface" (a socket bound to 127.0.0.1 does not answer there, one bound to

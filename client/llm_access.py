@@ -1,4 +1,4 @@
-"""llm_serve.py: tinygrad.llm's OpenAI-compatible server (`--serve PORT`) under `metal-client run`, reachable only where the user says.
+"""llm_access.py: tinygrad.llm's OpenAI-compatible server (`--serve PORT`) under `metal-client run`, reachable only where the user says.
 
 tinygrad 0.14's server listens on every interface, with no authentication, while it prints http://127.0.0.1:PORT: anyone on the network
 could use the runners. Under `run` it listens on 127.0.0.1 unless --listen names another address, says where in one line, and with
