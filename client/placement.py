@@ -303,3 +303,5 @@ def across_runners(speed:bool|None=None):
     return from_gguf(gguf, runner_devices(), max_context, realize, speed, say=lambda s: print(s, file=sys.stderr))[:2]
   placed.tinygrads = tinygrads = tinygrads_from_gguf()   # type: ignore[attr-defined]
   Transformer.from_gguf = staticmethod(placed)   # type: ignore[method-assign]
+  from client.llm_serve import report_runner_faults
+  report_runner_faults()   # its server: a runner lost while serving is an error that names it, not a stream cut short
