@@ -104,7 +104,7 @@ free_link(struct session *s, struct link *l)
 		}
 	if (l->fd != -1)
 		close(l->fd);
-	peer_drop_link_grant(s, l->handle);
+	grant_drop_link(s, l->handle);
 	free(l->out);
 	free(l);
 	s->nlinks--;
@@ -154,7 +154,7 @@ sess_listen(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	(void)frame;
 	if ((l = new_link(s, t->h.tag, t->link, LINK_RECV)) == NULL)
 		return sess_fail_reply(s);
-	if ((g = peer_new_grant(s, t->h.tag, t->ttl)) == NULL) {
+	if ((g = grant_new(s, t->h.tag, t->ttl)) == NULL) {
 		htab_del(&s->links, t->link);
 		free_link(s, l);
 		return sess_fail_reply(s);
@@ -162,7 +162,7 @@ sess_listen(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	g->islink = 1;
 	g->handle = t->link;
 	snprintf(l->peer, sizeof(l->peer), "from the runner that dials it");
-	return peer_send_grant(s, PROTO_RLISTEN, t->h.tag, g);
+	return grant_reply(s, PROTO_RLISTEN, t->h.tag, g);
 }
 
 int
@@ -223,10 +223,10 @@ link_accept(struct session *s, int fd, const struct peer_grant *g,
 	uint8_t mac[PROTO_MAC_SIZE];
 
 	if (l == NULL || l->fd != -1 || l->broken[0] != '\0')
-		return peer_refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the link "
+		return grant_refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the link "
 		    "was freed since its grant was issued");
 	if (p->count != 0)
-		return peer_refuse(s, fd, p->h.tag, PROTO_EINVAL, "a link's "
+		return grant_refuse(s, fd, p->h.tag, PROTO_EINVAL, "a link's "
 		    "Tpeer has count 0");
 	peer_mac(g->secret, "metal_runner link dst", g->id, 0, p->cnonce, mac);
 	if (peer_send_rpeer(fd, p->h.tag, 0, mac) == -1) {

@@ -146,6 +146,8 @@ ssize_t net_recv(int fd, void *buf, size_t len);
 int net_send_all(int fd, const void *buf, size_t len);
 int net_sendv_all(int fd, const void *a, size_t alen, const void *b, size_t blen);
 int net_is_loopback(const char *host);
+/* Refuse a connection: one Rerror (tag, code, text) on it, then close it. */
+void net_refuse(int fd, uint32_t tag, uint32_t code, const char *text);
 /* A message and a descriptor (or -1) over a unix socket, without waiting;
  * net_recv_fd returns the message's length, 0 at end of stream, -1. */
 int net_send_fd(int sock, const void *msg, size_t len, int fd);

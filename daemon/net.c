@@ -259,3 +259,13 @@ net_recv_fd(int sock, void *msg, size_t len, int *fd)
 	}
 	return r;
 }
+
+void
+net_refuse(int fd, uint32_t tag, uint32_t code, const char *text)
+{
+	uint8_t frame[PROTO_HDR_SIZE + 8 + 256];
+	size_t n = proto_put_rerror(frame, sizeof(frame), tag, code, text);
+
+	net_send_all(fd, frame, n);
+	close(fd);
+}

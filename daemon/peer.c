@@ -32,106 +32,10 @@
 #include "monotime.h"
 #include "session.h"
 
-/* memset that the compiler may not drop (explicit_bzero is not on macOS). */
-static void
-wipe(void *p, size_t n)
-{
-	volatile uint8_t *v = p;
-
-	while (n-- > 0)
-		*v++ = 0;
-}
-
 static int
 range_ok(uint64_t size, uint64_t offset, uint64_t count)
 {
 	return offset <= size && count <= size - offset;
-}
-
-static void
-drop_grant(struct session *s, uint32_t i)
-{
-	wipe(s->grants[i].secret, PROTO_SECRET_SIZE);
-	s->grants[i] = s->grants[--s->ngrants];
-}
-
-/* Forget the grants that have expired. */
-static void
-prune(struct session *s)
-{
-	int64_t now = mono_ms();
-	uint32_t i = 0;
-
-	while (i < s->ngrants)
-		if (s->grants[i].expires <= now)
-			drop_grant(s, i);
-		else
-			i++;
-}
-
-/*
- * A new grant of this session, its number and secret filled in, the rest
- * zero; NULL with the error queued (the reply of the request) when the
- * session holds PROTO_MAX_GRANTS or memory is short. Sess_grant() and
- * sess_listen() (link.c) fill in what it allows.
- */
-struct peer_grant *
-peer_new_grant(struct session *s, uint32_t tag, uint32_t ttl)
-{
-	struct peer_grant *g;
-
-	prune(s);
-	if (ttl == 0 || ttl > PROTO_MAX_GRANT_TTL) {
-		sess_errorf(s, tag, PROTO_EINVAL, "a grant needs a ttl of 1 to "
-		    "%d s (ttl %u)", PROTO_MAX_GRANT_TTL, ttl);
-		return NULL;
-	}
-	if (s->ngrants >= PROTO_MAX_GRANTS) {
-		sess_errorf(s, tag, PROTO_ELIMIT, "session holds %d unused "
-		    "grants, the limit", PROTO_MAX_GRANTS);
-		return NULL;
-	}
-	if (s->grants == NULL && (s->grants = calloc(PROTO_MAX_GRANTS,
-	    sizeof(*s->grants))) == NULL) {
-		sess_errorf(s, tag, PROTO_ENOMEM, "no memory for a grant");
-		return NULL;
-	}
-	g = &s->grants[s->ngrants++];
-	memset(g, 0, sizeof(*g));
-	if (++s->grantseq == 0)
-		s->grantseq = 1;
-	g->id = (uint64_t)s->id << 32 | s->grantseq;
-	sess_random(g->secret, sizeof(g->secret));
-	g->expires = mono_ms() + (int64_t)ttl * 1000;
-	return g;
-}
-
-/* Forget the unused grant of link handle, if any (Tunlink). */
-void
-peer_drop_link_grant(struct session *s, uint32_t handle)
-{
-	uint32_t i;
-
-	for (i = 0; i < s->ngrants; i++)
-		if (s->grants[i].islink && s->grants[i].handle == handle) {
-			drop_grant(s, i);
-			return;
-		}
-}
-
-/* Rgrant, or Rlisten: the grant's number and secret. */
-int
-peer_send_grant(struct session *s, unsigned type, uint32_t tag,
-    const struct peer_grant *g)
-{
-	union proto_msg r;
-
-	memset(&r, 0, sizeof(r));
-	r.h.type = (uint16_t)type;
-	r.h.tag = tag;
-	r.rgrant.grant = g->id;
-	memcpy(r.rgrant.secret, g->secret, sizeof(g->secret));
-	return sess_reply(s, &r, NULL, 0);
 }
 
 int
@@ -155,27 +59,13 @@ sess_grant(struct session *s, const union proto_msg *m, const uint8_t *frame)
 		sess_errorf(s, t->h.tag, PROTO_EINVAL, "a grant needs a count "
 		    "above 0 and a ttl of 1 to %d s (count %llu, ttl %u)",
 		    PROTO_MAX_GRANT_TTL, (unsigned long long)t->count, t->ttl);
-	else if ((g = peer_new_grant(s, t->h.tag, t->ttl)) != NULL) {
+	else if ((g = grant_new(s, t->h.tag, t->ttl)) != NULL) {
 		g->handle = t->handle;
 		g->offset = t->offset;
 		g->count = t->count;
-		return peer_send_grant(s, PROTO_RGRANT, t->h.tag, g);
+		return grant_reply(s, PROTO_RGRANT, t->h.tag, g);
 	}
 	return sess_fail_reply(s);
-}
-
-/* The host of a Tpeersend or Tdial, checked (1 to PROTO_MAX_PEER_HOST
- * bytes, no NUL, and a port), into host as a C string; -1: not valid. */
-int
-peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
-    uint16_t hostlen, uint16_t port)
-{
-	if (hostlen == 0 || hostlen > PROTO_MAX_PEER_HOST ||
-	    memchr(body, '\0', hostlen) != NULL || port == 0)
-		return -1;
-	memcpy(host, body, hostlen);
-	host[hostlen] = '\0';
-	return 0;
 }
 
 int
@@ -239,7 +129,7 @@ sess_peersend(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	    &code, s->err) == 0)
 		code = 0;
 	close(fd);
-	wipe(cnonce, sizeof(cnonce));
+	grant_wipe(cnonce, sizeof(cnonce));
 	if (code != 0) {
 		sess_errorf(s, t->h.tag, code, "%s", s->err);
 		return sess_fail_reply(s);
@@ -249,36 +139,6 @@ sess_peersend(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	    (long long)(mono_ns() - t0) / 1000);
 	return sess_reply_ns(s, PROTO_RPEERSEND, t->h.tag,
 	    (uint64_t)(mono_ns() - t0));
-}
-
-void
-peer_refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
-    const char *text)
-{
-	uint8_t frame[PROTO_HDR_SIZE + 8 + 256];
-	size_t n = proto_put_rerror(frame, sizeof(frame), tag, code, text);
-
-	log_info("session %u: refusing a peer: %s: %s", s->id,
-	    proto_error_name(code), text);
-	net_send_all(fd, frame, n);
-	close(fd);
-}
-
-int
-peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
-{
-	union proto_msg r;
-	uint8_t frame[sizeof(struct proto_rpeer) + 16];
-	size_t n;
-
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RPEER;
-	r.h.size = (uint32_t)proto_fixed_size(PROTO_RPEER);
-	r.h.tag = tag;
-	r.rpeer.count = count;
-	memcpy(r.rpeer.mac, mac, PROTO_MAC_SIZE);
-	n = proto_put(frame, sizeof(frame), &r);
-	return net_send_all(fd, frame, n);
 }
 
 /* One line in the default log per runner that proved a grant of this
@@ -314,7 +174,6 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	int64_t t0 = mono_ms();
 	size_t fixed = proto_fixed_size(PROTO_TPEER);
 	char host[64];
-	uint32_t i;
 
 	if (len < fixed || len - fixed >= sizeof(host) ||
 	    proto_get(frame, fixed, &m, NULL) == -1 || m.h.type != PROTO_TPEER) {
@@ -324,29 +183,11 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	memcpy(host, frame + fixed, len - fixed);
 	host[len - fixed] = '\0';
 	p = &m.tpeer;
-	for (i = 0; i < s->ngrants && s->grants[i].id != p->grant; i++)
-		;
-	if (i == s->ngrants)
-		return peer_refuse(s, fd, p->h.tag, PROTO_EGRANT, "no such grant in "
-		    "this session: never issued, already used or expired");
-	if (s->grants[i].expires <= mono_ms()) {
-		drop_grant(s, i);
-		return peer_refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant "
-		    "expired");
-	}
-	peer_mac(s->grants[i].secret, s->grants[i].islink ?
-	    "metal_runner link src" : "metal_runner peer src", p->grant,
-	    p->count, p->cnonce, mac);
-	/* A wrong proof does not use the grant up: whoever knows only its
-	 * number could otherwise spoil it for the client that holds it. */
-	if (!peer_mac_equal(mac, p->mac))
-		return peer_refuse(s, fd, p->h.tag, PROTO_EGRANT, "the grant's "
-		    "proof is wrong");
-	g = s->grants[i];
-	drop_grant(s, i);	/* used: never again, whatever follows */
+	if (grant_take(s, fd, p, &g) == -1)
+		return;
 	announce_peer(s, host);
 	if (p->magic != PROTO_MAGIC) {
-		peer_refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not a "
+		grant_refuse(s, fd, p->h.tag, PROTO_EVERSION, "bad magic: not a "
 		    "metal_runner peer");
 		goto out;
 	}
@@ -359,12 +200,12 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 		snprintf(text, sizeof(text), "the peer offers %llu bytes; the "
 		    "grant allows %llu", (unsigned long long)p->count,
 		    (unsigned long long)g.count);
-		peer_refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
+		grant_refuse(s, fd, p->h.tag, PROTO_ERANGE, text);
 		goto out;
 	}
 	if ((b = htab_get(&s->bufs, g.handle)) == NULL ||
 	    !range_ok(b->size, g.offset, p->count)) {
-		peer_refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted buffer was "
+		grant_refuse(s, fd, p->h.tag, PROTO_EHANDLE, "the granted buffer was "
 		    "freed or replaced since the grant");
 		goto out;
 	}
@@ -374,12 +215,12 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	if (s->dirty) {
 		s->dirty = 0;
 		if (s->be->sync(s->bs, s->err) == -1) {
-			peer_refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+			grant_refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
 			goto out;
 		}
 	}
 	if (sess_host_writes(s, b, p->count) == -1) {
-		peer_refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
+		grant_refuse(s, fd, p->h.tag, PROTO_EDEVICE, s->err);
 		goto out;
 	}
 	peer_mac(g.secret, "metal_runner peer dst", g.id, p->count, p->cnonce,
@@ -401,7 +242,7 @@ peer_accept(struct session *s, int fd, const uint8_t *frame, size_t len)
 	    "in %lld ms", s->id, (unsigned long long)p->count, g.handle,
 	    (long long)(mono_ms() - t0));
 out:
-	wipe(&g, sizeof(g));
+	grant_wipe(&g, sizeof(g));
 }
 
 /*
@@ -418,7 +259,7 @@ sess_peer_wait(struct session *s)
 	int n;
 
 	if (s->ngrants > 0) {
-		prune(s);
+		grant_prune(s);
 		ms = 1000;	/* wake to drop grants as they expire */
 	}
 	if (idle > 0) {
@@ -500,11 +341,7 @@ sess_peer_route(struct session *s, const union proto_msg *m,
 void
 sess_peer_free(struct session *s)
 {
-	if (s->grants != NULL)
-		wipe(s->grants, PROTO_MAX_GRANTS * sizeof(*s->grants));
-	free(s->grants);
-	s->grants = NULL;
-	s->ngrants = 0;
+	grant_free(s);
 	if (s->inbox != -1)
 		close(s->inbox);
 	s->inbox = -1;

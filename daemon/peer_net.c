@@ -496,3 +496,34 @@ peer_connect(const char *host, unsigned port, uint64_t grant,
 	memcpy(cnonce, a.cnonce, PROTO_NONCE_SIZE);
 	return fd;
 }
+
+/* The host of a Tpeersend or Tdial, checked (1 to PROTO_MAX_PEER_HOST
+ * bytes, no NUL, and a port), into host as a C string; -1: not valid. */
+int
+peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
+    uint16_t hostlen, uint16_t port)
+{
+	if (hostlen == 0 || hostlen > PROTO_MAX_PEER_HOST ||
+	    memchr(body, '\0', hostlen) != NULL || port == 0)
+		return -1;
+	memcpy(host, body, hostlen);
+	host[hostlen] = '\0';
+	return 0;
+}
+
+int
+peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac)
+{
+	union proto_msg r;
+	uint8_t frame[sizeof(struct proto_rpeer) + 16];
+	size_t n;
+
+	memset(&r, 0, sizeof(r));
+	r.h.type = PROTO_RPEER;
+	r.h.size = (uint32_t)proto_fixed_size(PROTO_RPEER);
+	r.h.tag = tag;
+	r.rpeer.count = count;
+	memcpy(r.rpeer.mac, mac, PROTO_MAC_SIZE);
+	n = proto_put(frame, sizeof(frame), &r);
+	return net_send_all(fd, frame, n);
+}

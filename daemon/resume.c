@@ -138,17 +138,6 @@ recv_fd(int ctl, struct handover *h, int *fd)
 	return 0;
 }
 
-/* Answer a connection that is not resumed, then close it. */
-static void
-refuse(int fd, uint32_t tag, uint32_t code, const char *text)
-{
-	uint8_t frame[PROTO_HDR_SIZE + 8 + 256];
-	size_t n = proto_put_rerror(frame, sizeof(frame), tag, code, text);
-
-	net_send_all(fd, frame, n);
-	close(fd);
-}
-
 /*
  * The accept loop's part.
  */
@@ -278,14 +267,14 @@ route_one(int from)
 	if (i == npctl) {
 		log_info("resume of session %u from %s: no such session",
 		    h.target, h.peer);
-		refuse(fd, h.tag, PROTO_ERESUME, "no session with that number "
-		    "to resume: it never existed, ended, or was not resumed "
-		    "within the runner's grace period");
+		net_refuse(fd, h.tag, PROTO_ERESUME, "no session with that "
+		    "number to resume: it never existed, ended, or was not "
+		    "resumed within the runner's grace period");
 		return 0;
 	}
 	if (send_fd(pctl[i], &h, fd) == -1) {
-		refuse(fd, h.tag, PROTO_ERESUME, "the session is busy with "
-		    "another resume; try again");
+		net_refuse(fd, h.tag, PROTO_ERESUME, "the session is busy "
+		    "with another resume; try again");
 		return 0;
 	}
 	close(fd);	/* the session has its own copy now */
@@ -637,7 +626,7 @@ lose(struct session *s, const struct handover *h, int fd, const char *text)
 {
 	log_warn("session %u: resume from %s refused, the session ends: %s",
 	    s->id, h->peer, text);
-	refuse(fd, h->tag, PROTO_ERESUME, text);
+	net_refuse(fd, h->tag, PROTO_ERESUME, text);
 	s->rs->lost = 1;
 	s->linkdown = 1;
 	return -1;
@@ -667,8 +656,8 @@ resume_take(struct session *s)
 	if (rs == NULL) {	/* no key to prove: never taken, or withdrawn */
 		log_warn("session %u: resume from %s refused: the session has "
 		    "no resume key", s->id, h.peer);
-		refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong proof "
-		    "of the session's resume key");
+		net_refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong "
+		    "proof of the session's resume key");
 		return 0;
 	}
 	client_mac(rs, &h, want);
@@ -677,8 +666,8 @@ resume_take(struct session *s)
 	if (diff != 0 || h.target != s->id) {
 		log_warn("session %u: resume from %s refused: wrong proof",
 		    s->id, h.peer);
-		refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong proof "
-		    "of the session's resume key");
+		net_refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong "
+		    "proof of the session's resume key");
 		return 0;
 	}
 	/* Output not yet sent belongs to the stream before the resume. */
@@ -938,7 +927,7 @@ resume_end(struct session *s)
 		/* Resumes that came too late: answer them rather than let
 		 * their connections close without a word. */
 		while (recv_fd(ctl, &h, &fd) == 0)
-			refuse(fd, h.tag, PROTO_ERESUME, "the session has "
+			net_refuse(fd, h.tag, PROTO_ERESUME, "the session has "
 			    "ended");
 		close(ctl);
 		slot_get((uint32_t)s->slot)->ctl = -1;

@@ -230,16 +230,6 @@ reap(int block)
 	}
 }
 
-static void
-refuse(int fd, uint32_t code, const char *text)
-{
-	uint8_t frame[256];
-	size_t n = proto_put_rerror(frame, sizeof(frame), 0, code, text);
-
-	net_send_all(fd, frame, n);
-	close(fd);
-}
-
 static void *
 session_thread(void *arg)
 {
@@ -309,8 +299,9 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 		    err) == -1) {
 			log_warn("session %u: cannot open the %s backend: %s",
 			    id, ctx->be->name, err);
-			refuse(fd, PROTO_EDEVICE, "the runner cannot open the "
-			    "device for this session; its log says why");
+			net_refuse(fd, 0, PROTO_EDEVICE, "the runner cannot "
+			    "open the device for this session; its log says "
+			    "why");
 			_exit(SESS_EXIT_NODEVICE);
 		}
 		ctx->info = &info;
@@ -331,8 +322,8 @@ server_session_run(struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	if (peer_broker_attach(err) == -1 || (!ctx->be->no_fork &&
 	    confine_session(ctx->cfg, err) == -1)) {
 		log_warn("session %u: %s", id, err);
-		refuse(fd, PROTO_EDEVICE, "the runner cannot start a confined "
-		    "session; its log says why");
+		net_refuse(fd, 0, PROTO_EDEVICE, "the runner cannot start a "
+		    "confined session; its log says why");
 		_exit(1);
 	}
 	sess_serve(ctx, fd, id, slot, peer);
@@ -615,15 +606,15 @@ serve(const struct mr_config *cfg)
 		if (slot == -1 && full) {
 			mr_log_handshake("refusing %s: %u sessions is the limit",
 			    peer, cfg->max_sessions);
-			refuse(fd, PROTO_ELIMIT, "the runner is serving as many "
-			    "sessions as it allows; try again later");
+			net_refuse(fd, 0, PROTO_ELIMIT, "the runner is serving "
+			    "as many sessions as it allows; try again later");
 			continue;
 		}
 		if (slot == -1) {
 			mr_log_handshake("refusing %s: %u connections in their "
 			    "handshake is the limit", peer, max_startups);
-			refuse(fd, PROTO_ELIMIT, "too many connections are in "
-			    "their handshake; try again later");
+			net_refuse(fd, 0, PROTO_ELIMIT, "too many connections "
+			    "are in their handshake; try again later");
 			continue;
 		}
 		log_info("session %u: accepted a connection from %s", next_id,
@@ -645,7 +636,8 @@ serve(const struct mr_config *cfg)
 				    strerror(errno));
 			if (pid == -1) {
 				log_warn("session %u: %s", next_id, err);
-				refuse(fd, PROTO_ENOMEM, "cannot start a session");
+				net_refuse(fd, 0, PROTO_ENOMEM, "cannot start a "
+				    "session");
 				resume_forked(slot);
 				peer_route_close(slot);
 				slot_free(slot);
@@ -670,7 +662,8 @@ serve(const struct mr_config *cfg)
 			if (ta == NULL || pthread_create(&t, NULL,
 			    session_thread, ta) != 0) {
 				log_warn("cannot start a session thread");
-				refuse(fd, PROTO_ENOMEM, "cannot start a session");
+				net_refuse(fd, 0, PROTO_ENOMEM, "cannot start a "
+				    "session");
 				pthread_mutex_lock(&slots_lock);
 				resume_forked(slot);
 				peer_route_close(slot);

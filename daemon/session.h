@@ -63,7 +63,7 @@ struct graph {
 
 enum sess_state { S_HELLO, S_AUTH, S_READY };
 
-/* A grant this session issued (peer.c): one range of one buffer, once;
+/* A grant this session issued (grant.c): one range of one buffer, once;
  * or (islink, Tlisten) the one peer that may connect to link handle. */
 struct peer_grant {
 	uint64_t id;		/* session id << 32 | sequence number */
@@ -262,19 +262,6 @@ void resume_end(struct session *s);
 /* peer.c: copies between runners */
 sess_handler sess_grant;
 sess_handler sess_peersend;
-/* For link.c: a new grant (NULL: error queued), dropping a link's unused
- * grant, and the Rgrant-shaped reply (Rgrant or Rlisten). */
-struct peer_grant *peer_new_grant(struct session *s, uint32_t tag,
-    uint32_t ttl);
-int peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
-    uint16_t hostlen, uint16_t port);
-/* Refuse a peer: one Rerror on its connection, then close it. */
-void peer_refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
-    const char *text);
-int peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac);
-void peer_drop_link_grant(struct session *s, uint32_t handle);
-int peer_send_grant(struct session *s, unsigned type, uint32_t tag,
-    const struct peer_grant *g);
 /* A connection whose first frame is a Tpeer: hand it to its session. */
 int sess_peer_route(struct session *s, const union proto_msg *m,
     const uint8_t *frame);
@@ -285,6 +272,23 @@ int sess_peer_wait(struct session *s);
 /* Take one peer connection waiting in the inbox (s->inbox readable). */
 void sess_peer_take(struct session *s);
 void sess_peer_free(struct session *s);
+
+/* grant.c: the grants a session issues (Tgrant, Tlisten), for peer.c and
+ * link.c: a new one (NULL: error queued), dropping a link's unused one,
+ * the Rgrant-shaped reply (Rgrant or Rlisten), and taking the one a peer's
+ * Tpeer proves (-1: the peer was refused, fd closed). */
+struct peer_grant *grant_new(struct session *s, uint32_t tag, uint32_t ttl);
+void grant_prune(struct session *s);
+void grant_drop_link(struct session *s, uint32_t handle);
+int grant_reply(struct session *s, unsigned type, uint32_t tag,
+    const struct peer_grant *g);
+int grant_take(struct session *s, int fd, const struct proto_tpeer *p,
+    struct peer_grant *g);
+/* Refuse a peer: log it, one Rerror on its connection, then close it. */
+void grant_refuse(struct session *s, int fd, uint32_t tag, uint32_t code,
+    const char *text);
+void grant_wipe(void *p, size_t n);
+void grant_free(struct session *s);
 
 /* link.c: links between runners (protocol.md, Links between runners) */
 sess_handler sess_listen;
@@ -332,6 +336,10 @@ int peer_connect(const char *host, unsigned port, uint64_t grant,
 int peer_finish(int fd, uint64_t grant, const uint8_t *secret,
     const uint8_t *cnonce, uint64_t count, uint32_t *code, char *err);
 int peer_mac_equal(const uint8_t *a, const uint8_t *b);
+/* The host of a Tpeersend or Tdial, checked, as a C string; -1: not valid. */
+int peer_host(char host[PROTO_MAX_PEER_HOST + 1], const uint8_t *body,
+    uint16_t hostlen, uint16_t port);
+int peer_send_rpeer(int fd, uint32_t tag, uint64_t count, const uint8_t *mac);
 int peer_recv_all(int fd, void *buf, size_t n);
 int peer_broker_start(const struct mr_config *cfg, char *err);
 void peer_broker_stop(void);
