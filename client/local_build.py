@@ -2,10 +2,10 @@
 # there with make as setup.sh does. Installed with pip, the wheel carries the daemon's sources and no binary (client/daemon_src, package
 # data: pyproject.toml), built on first use into a per-user cache, $XDG_CACHE_HOME/metal_runner/<key>/metal_runner (~/.cache without it).
 # The key hashes the sources, this OS and CPU: a build of other sources, or for another machine sharing the home directory, is never used.
-# Built in a temporary folder and renamed into place, so a half-built binary is never seen and two programs starting at once may both
-# build: the first rename wins, the other uses it.
+# Built in a temporary folder and renamed into place, so a half-built binary is never seen; one build per key at a time (a lock file
+# beside it): a second program starting meanwhile waits for that build and uses it.
 from __future__ import annotations
-import hashlib, os, pathlib, platform, shutil, subprocess, sys, tempfile
+import fcntl, hashlib, os, pathlib, platform, shutil, subprocess, sys, tempfile
 from client.discovery import RunnerUnavailable
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -46,18 +46,22 @@ def cached_build(src:pathlib.Path, cache:pathlib.Path) -> pathlib.Path:
   dest = cache / source_key(srcs)
   if (exe:=dest / "metal_runner").is_file() and os.access(exe, os.X_OK): return exe
   cache.mkdir(parents=True, exist_ok=True)
-  tmp = pathlib.Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
-  try:
-    (tmp / "src").mkdir()
-    for name, data in srcs.items(): (tmp / "src" / name).write_bytes(data)
-    print(f"metal_runner: building the local runner once, into {dest}", file=sys.stderr, flush=True)
-    make(tmp / "src", exe, jobs=min(os.cpu_count() or 1, 8))
-    (tmp / "out").mkdir()
-    os.rename(tmp / "src" / "metal_runner", tmp / "out" / "metal_runner")
-    try: os.rename(tmp / "out", dest)
-    except OSError:   # another program's build is in place already (a rename onto a folder that is not empty fails): it is of the same key
-      if not exe.is_file(): raise
-  finally: shutil.rmtree(tmp, ignore_errors=True)
+  with open(cache / f".{dest.name}.lock", "w") as lock:   # one build of a key at a time; released when the file closes, or the process ends
+    try: fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      print(f"metal_runner: waiting for another program's build of the local runner, into {dest}", file=sys.stderr, flush=True)
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    if exe.is_file() and os.access(exe, os.X_OK): return exe   # built meanwhile
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
+    try:
+      (tmp / "src").mkdir()
+      for name, data in srcs.items(): (tmp / "src" / name).write_bytes(data)
+      print(f"metal_runner: building the local runner once, into {dest}", file=sys.stderr, flush=True)
+      make(tmp / "src", exe, jobs=min(os.cpu_count() or 1, 8))
+      (tmp / "out").mkdir()
+      os.rename(tmp / "src" / "metal_runner", tmp / "out" / "metal_runner")
+      os.rename(tmp / "out", dest)
+    finally: shutil.rmtree(tmp, ignore_errors=True)
   return exe
 
 def runner_exe() -> pathlib.Path:
