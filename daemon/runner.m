@@ -162,6 +162,10 @@ static int mtl_os[3];
  * a CPU and a GPU copy (mtl_host_read, mtl_host_wrote). Read-only after
  * open. */
 static int mtl_managed;
+/* The device supports MTLGPUFamilyMetal4 (macOS 26: Apple silicon; no
+ * Intel Mac's GPU has it), without which MSL 4.0 is not offered or used
+ * (mtl_language, mtl_newest). Read-only after open. */
+static int mtl_metal4;
 static pthread_mutex_t mtl_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
 static uint64_t mtl_clock;		/* under mtl_lock */
@@ -564,12 +568,17 @@ mtl_os_read(void)
  * from 14, 3.0 on 13, else 2.0), not the newest the system has, so that a
  * kernel means here what it means to tinygrad on the same Mac. Taken from
  * mtl_os, not @available, so that it is the version Rhello reports (and
- * the Metal emulator's METAL_EMU_MACOS can stand for an older Mac).
+ * the Metal emulator's METAL_EMU_MACOS can stand for an older Mac). MSL
+ * 4.0 is Metal 4's language: only for a device of the Metal 4 family
+ * (mtl_metal4). tinygrad pins 4.0 from the macOS alone, which on an Intel
+ * Mac with macOS 26 asks for what its GPU lacks; there the runner takes
+ * 3.1, tinygrad's version for macOS 14 and 15. What Apple's compiler
+ * answers to 4.0 on such a GPU has not been seen (no Mac here).
  */
 static MTLLanguageVersion
 mtl_language(void)
 {
-	if (mtl_os[0] >= 26)
+	if (mtl_os[0] >= 26 && mtl_metal4)
 		return MTL_LANG(4, 0);
 	if (mtl_os[0] >= 14)
 		return MTL_LANG(3, 1);
@@ -582,7 +591,8 @@ mtl_language(void)
  * Rhello.features of a Metal runner: the newest language version this
  * macOS compiles, which a metallib may use ("MAJOR.MINOR"). Apple's
  * MTLLanguageVersion table: 4.0 macOS 26, 3.2 15, 3.1 14, 3.0 13, 2.4 12,
- * 2.3 11, 2.2 10.15.
+ * 2.3 11, 2.2 10.15; 4.0 only on a device of the Metal 4 family, else
+ * 3.2 (macOS 26 on an Intel Mac).
  * https://developer.apple.com/documentation/metal/mtllanguageversion
  */
 static void
@@ -598,7 +608,8 @@ mtl_newest(char *out, size_t len)
 	size_t i;
 
 	for (i = 0; i < sizeof(tab) / sizeof(tab[0]); i++)
-		if (mtl_os[0] >= tab[i].macos) {
+		if (mtl_os[0] >= tab[i].macos && (tab[i].major < 4 ||
+		    mtl_metal4)) {
 			snprintf(out, len, "%u.%u", tab[i].major, tab[i].minor);
 			return;
 		}
@@ -901,6 +912,16 @@ mtl_open_body(struct be_info *info, const char *device,
 	snprintf(info->arch, sizeof(info->arch), "%s", mtl_family(mtl_dev));
 	/* Rhello: the macOS and the newest language version it compiles. */
 	mtl_os_read();
+	/* Whether the device has Metal 4 (MSL 4.0): MTLGPUFamilyMetal4 =
+	 * 5002 (the macOS 26 SDK's MTLDevice.h), spelled as its value, as
+	 * SDKs before 26 and the pinned metal-cpp lack its name.
+	 * https://developer.apple.com/documentation/metal/mtlgpufamily/metal4 */
+	mtl_metal4 = 0;
+	if (@available(macOS 26.0, *)) {
+		if (mtl_os[0] >= 26 &&
+		    [mtl_dev supportsFamily:(MTLGPUFamily)5002])
+			mtl_metal4 = 1;
+	}
 	snprintf(info->cpu, sizeof(info->cpu), "%d.%d.%d", mtl_os[0],
 	    mtl_os[1], mtl_os[2]);
 	mtl_newest(info->features, sizeof(info->features));

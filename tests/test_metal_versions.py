@@ -78,6 +78,29 @@ def test_rhello_reports_the_macos_and_source_compiles_at_its_version(macos, cpu,
   finally:
     r.stop()
 
+# issue 35, item 3: MSL 4.0 is Metal 4's language, so it is chosen where the device has MTLGPUFamilyMetal4, not from the macOS
+# alone. An Intel Mac on macOS 26 (METAL_EMU_FAMILY=Mac2: a GPU of no Apple family, without Metal 4) compiles source at 3.1,
+# tinygrad's version for macOS 14 and 15, and reports 3.2 as its newest; the emulator refuses 4.0 on such a device (what a Mac
+# says was not seen). Chosen from the macOS alone, its one-line probe kernel failed and it offered no source at all.
+
+@pytest.mark.metal
+@pytest.mark.parametrize("family,arch,features,compiled", [("Mac2", "Mac2", "3.2", 310), ("Apple6", "Apple6", "3.2", 310),
+                                                           ("Apple7", "Apple7", "4.0", 400)])
+def test_msl_4_only_on_a_device_of_the_metal_4_family(family, arch, features, compiled):
+  r = emulated(METAL_EMU_MACOS="26.0", METAL_EMU_FAMILY=family, METAL_EMU_TRACE=1)
+  try:
+    c = Raw(r.addr)
+    assert (P.cstr(c.info["arch"]), P.cstr(c.info["cpu"]), P.cstr(c.info["features"])) == (arch, "26.0.0", features)
+    assert c.info["caps"] & P.CAP_METAL_SOURCE, r.log_text()   # the probe kernel compiled
+    assert version_run(c, P.PROG_METAL_SOURCE, VERSION.encode()) == compiled
+    if compiled < 400:   # a metallib of MSL 4.0 is refused there too, one of 3.2 loads
+      c.load(2, emu_metallib(VERSION, 4, 0), "version", nbufs=1, nvals=0, arch=0, kind=P.PROG_METALLIB)
+      [(code, _, text)] = c.until_pong()
+      assert code == P.EPROGRAM and "language version 4.0" in text, text
+    c.close()
+  finally:
+    r.stop()
+
 @pytest.mark.metal
 def test_a_metallib_newer_than_the_runners_macos_is_refused():
   r = emulated(METAL_EMU_MACOS="13.0")

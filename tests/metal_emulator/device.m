@@ -168,6 +168,51 @@ newest_language(void)
 	return 220;
 }
 
+/*
+ * The emulated GPU's Apple family (METAL_EMU_FAMILY: Apple1 ... Apple10, or
+ * Mac2 for a GPU of no Apple family, an Intel Mac's): N, or 0 for Mac2.
+ */
+static int
+emu_family(void)
+{
+	const char *f = getenv("METAL_EMU_FAMILY");
+	int family = 7;	/* Apple7 (M1): simdgroup matrices, tensor cores */
+
+	if (f != NULL && strcmp(f, "Mac2") == 0)
+		return 0;
+	if (f != NULL && sscanf(f, "Apple%d", &family) != 1)
+		family = 7;
+	if (family < 1 || family > 10)
+		family = 7;
+	return family;
+}
+
+/*
+ * MTLGPUFamilyMetal4 (macOS 26): Apple's Metal 4 needs an Apple GPU of
+ * family 7 (M1, A14) or later; no Intel or AMD GPU of a Mac has it. So
+ * here: macOS 26 and METAL_EMU_FAMILY Apple7 or later.
+ */
+static int
+emu_metal4(void)
+{
+	return newest_language() >= 400 && emu_family() >= 7;
+}
+
+/*
+ * The newest language version this device compiles and loads: MSL 4.0 is
+ * Metal 4's language, so a GPU without the Metal 4 family has 3.2 at most
+ * (on macOS 26: an Intel Mac). What a Mac says when asked for 4.0 on such
+ * a GPU was not seen; the emulator refuses it as a version newer than the
+ * system has (the texts below say that they are the emulator's).
+ */
+static unsigned
+device_newest_language(void)
+{
+	unsigned v = newest_language();
+
+	return v >= 400 && !emu_metal4() ? 320 : v;
+}
+
 /* __METAL_VERSION__ for a language version, 0 if unknown. */
 static unsigned
 metal_version(MTLLanguageVersion v)
@@ -175,7 +220,7 @@ metal_version(MTLLanguageVersion v)
 	unsigned major = (unsigned)(v >> 16), minor = (unsigned)(v & 0xffff);
 
 	if (v == 0)
-		return newest_language();
+		return device_newest_language();
 	if ((major == 2 && minor <= 4) || (major == 3 && minor <= 2) ||
 	    (major == 4 && minor == 0))
 		return major * 100 + minor * 10;
@@ -549,24 +594,22 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 
 - (instancetype)initAt:(int)i of:(int)n
 {
-	const char *f = getenv("METAL_EMU_FAMILY");
+	const char *f;
 	int v[3];
 
-	family = 7;	/* Apple7 (M1): simdgroup matrices, tensor cores */
-	if (f != NULL && sscanf(f, "Apple%d", &family) != 1)
-		family = 7;
-	if (family < 1 || family > 10)
-		family = 7;
+	family = emu_family();
 	index = i;
 	lowpower = n == 2 && i == 0;
 	if ((f = getenv("METAL_EMU_MEMORY")) != NULL)
 		emu_memory = emu_size(f);
 	emu_exec_init();
 	emu_macos(v);
-	emu_log("TEST HARNESS: an emulated Metal device (MTLGPUFamilyApple%d%s%s) "
-	    "on an emulated macOS %d.%d.%d, running kernels on the CPU; not a "
-	    "GPU, not Apple's compiler", family, lowpower ? ", low power" : "",
-	    unified() ? "" : ", no unified memory", v[0], v[1], v[2]);
+	emu_log("TEST HARNESS: an emulated Metal device (%s%.0d%s%s%s) on an "
+	    "emulated macOS %d.%d.%d, running kernels on the CPU; not a GPU, "
+	    "not Apple's compiler", family ? "MTLGPUFamilyApple" :
+	    "MTLGPUFamilyMac2 only", family, emu_metal4() ? ", Metal 4" : "",
+	    lowpower ? ", low power" : "", unified() ? "" :
+	    ", no unified memory", v[0], v[1], v[2]);
 	return self;
 }
 
@@ -604,6 +647,9 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	 * macOS 26 SDK's MTLDevice.h) */
 	if (f >= MTLGPUFamilyApple1 && f <= MTLGPUFamilyApple1 + 9)
 		return f - MTLGPUFamilyApple1 + 1 <= family;
+	/* MTLGPUFamilyMetal4 = 5002 (the macOS 26 SDK's MTLDevice.h) */
+	if (f == (MTLGPUFamily)5002)
+		return emu_metal4();
 	return f == MTLGPUFamilyMac2;
 }
 
@@ -691,7 +737,7 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	const uint8_t *p;
 	size_t n;
 	uint32_t lv;
-	unsigned version, newest = newest_language();
+	unsigned version, newest = device_newest_language();
 
 	emu_forked("newLibraryWithData:error:", 1);
 	emu_dispatch_bytes(data, &p, &n);
@@ -757,16 +803,18 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	}
 	/* A language version newer than this macOS has (METAL_EMU_MACOS).
 	 * The text a Mac gives was not seen here; this one is a guess. */
-	if (version > newest_language()) {
+	if (version > device_newest_language()) {
 		if (error != NULL)
 			*error = emu_error(3, "Metal language version %lu.%lu is "
-			    "not supported on this OS (macOS %s, whose newest is "
-			    "%u.%u) [emulated: the text a Mac gives is not "
-			    "known]", (unsigned long)(lv >> 16),
+			    "not supported on this OS and device (macOS %s%s, "
+			    "whose newest is %u.%u) [emulated: the text a Mac "
+			    "gives is not known]", (unsigned long)(lv >> 16),
 			    (unsigned long)(lv & 0xffff),
 			    getenv("METAL_EMU_MACOS") ? getenv("METAL_EMU_MACOS") :
-			    "26.0", newest_language() / 100,
-			    newest_language() / 10 % 10);
+			    "26.0", emu_metal4() || newest_language() < 400 ? "" :
+			    ", a GPU without the Metal 4 family",
+			    device_newest_language() / 100,
+			    device_newest_language() / 10 % 10);
 		return nil;
 	}
 	if (getenv("METAL_EMU_TRACE") != NULL &&
