@@ -1,24 +1,26 @@
 """tinygrad.llm's OpenAI-compatible server (tinygrad/llm/serve.py) over several runners, when one of them is lost (stopped, killed, its
 machine gone) while it serves: the answer being streamed ends with an error event that names the runner (the `openai` client raises it
-as an APIError), an answer not streamed gets HTTP 503 with that text, and so does every later request, while the server stays up. Without
-this, tinygrad's handler died with the runner's exception: a stream ended as if complete, and the next request got no answer at all.
-The model is not placed again on the runners that remain (docs/multi-runner.md, A model across runners): the server must be restarted.
+as an APIError), an answer not streamed gets HTTP 503 with that text, and the server stays up. The next request places the model again
+over the runners that still answer (client/placement.py place_again: the old model let go, the file read again) and is answered by them;
+where they cannot hold it, it and every later request get HTTP 503 naming the runner lost, what each runner left offers and what is
+needed. Without this, tinygrad's handler died with the runner's exception: a stream ended as if complete, and the next request got no
+answer at all. A runner that comes back is not taken again (its device's session is gone): restart the server.
 client/placement.py's across_runners() installs it; with one runner nothing here is imported.
 """
 from __future__ import annotations
 import json, sys
 from client.connection import RunnerError
 
-def error_body(e:RunnerError) -> dict:
-  return {"error": {"message": f"metal_runner: {e}; the model is not served until the server is started again", "type": "runner_unavailable",
-                    "code": 503}}
+def error_body(e:Exception) -> dict:
+  text = str(e) if str(e).startswith("metal_runner: ") else f"metal_runner: {e}"
+  return {"error": {"message": f"{text}; the model is not served until the runners can hold it", "type": "runner_unavailable", "code": 503}}
 
 def report_runner_faults():
   from tinygrad.llm import serve
   H = serve.Handler
   if getattr(H, "reports_runner_faults", False): return
   stream_json, do_post = H.stream_json, H.do_POST
-  def lost(self, e:RunnerError):
+  def lost(self, e:Exception):
     if getattr(self.server, "runner_fault", None) is None: print(f"metal_runner: {e}", file=sys.stderr)
     self.server.runner_fault = e
   def guarded_stream(self, source):
@@ -30,7 +32,12 @@ def report_runner_faults():
     self.streaming = True
     stream_json(self, events())
   def guarded_post(self):
-    if (e:=getattr(self.server, "runner_fault", None)) is not None:
+    if (e:=getattr(self.server, "runner_fault", None)) is not None and (again:=getattr(self.server.model, "place_again", None)) is not None:
+      try:   # the model again, over the runners that still answer (client/placement.py place_again)
+        self.server.model = again(lambda: setattr(self.server, "model", None))
+        self.server.runner_fault = e = None
+      except RuntimeError as e2: self.server.runner_fault = e = e2   # a RunnerError, or DoesNotFit: what remains cannot hold it
+    if e is not None:
       self.rfile.read(int(self.headers.get("Content-Length", "0")))
       return self.send_data(json.dumps(error_body(e)).encode(), status_code=503)
     try: do_post(self)

@@ -287,6 +287,42 @@ def tinygrads_from_gguf():
   from tinygrad.llm.model import Transformer
   return getattr(Transformer.from_gguf, "tinygrads", Transformer.from_gguf)
 
+def answering(devices:tuple[str, ...]) -> tuple[str, ...]:
+  """The devices whose runner still answers a ping (an error of an earlier request, reported with it, is not a lost runner)."""
+  from client.connection import RunnerConnectionError, RunnerError
+  alive = []
+  for d in devices:
+    for _ in range(3):
+      try:
+        runner_of(d).ping()
+        alive.append(d)
+        break
+      except (RunnerConnectionError, OSError): break
+      except RunnerError: continue
+  return tuple(alive)
+
+def place_again(drop, path, p:Placement, max_context, realize, speed:bool, say):
+  """After a runner was lost: the model again from the file over the runners of p that still answer (DoesNotFit, naming the runner lost,
+  when they cannot hold it), once drop() has let go of the old model and its buffers. The default device becomes the first of them."""
+  import gc
+  from tinygrad.helpers import DEV
+  devs = tuple(q.device for q in p.parts)
+  alive = answering(devs)
+  lost = ", ".join(f"{q.device} {q.addr}" for q in p.parts if q.device not in alive)
+  if not alive: raise DoesNotFit(f"metal_runner: every runner is lost ({lost})")
+  try:   # whether they can hold it, before the old model is let go
+    kv, infos = read_gguf(path)
+    arch = kv["general.architecture"]
+    plan_gguf(kv, infos, alive, min(max_context, kv[f"{arch}.context_length"]) if max_context is not None else kv[f"{arch}.context_length"], False)
+  except DoesNotFit as e: raise DoesNotFit(f"metal_runner: lost {lost}, and {str(e).removeprefix('metal_runner: ')}") from None
+  drop()
+  gc.collect()
+  for d in alive:
+    if hasattr(alloc:=Device[d].allocator, "free_cache"): alloc.free_cache()
+  DEV.value = alive[0]
+  say(f"metal_runner: lost {lost}: placing the model again over the {len(alive)} runner(s) that remain")
+  return from_gguf(path, alive, max_context, realize, speed, say=say)[0]
+
 def runner_devices() -> tuple[str, ...]:
   from client.discovery import runner_addrs
   dev = Device.DEFAULT.split(":")[0]
@@ -300,7 +336,10 @@ def across_runners(speed:bool|None=None):
   if speed is None: speed = os.environ.get("METAL_RUNNER_PLACEMENT", "") != "memory"
   def placed(gguf, max_context=None, realize=None):
     if isinstance(gguf, Tensor): return tinygrads(gguf, max_context, **({} if realize is None else {"realize": realize}))
-    return from_gguf(gguf, runner_devices(), max_context, realize, speed, say=lambda s: print(s, file=sys.stderr))[:2]
+    say = lambda s: print(s, file=sys.stderr)   # noqa: E731
+    model, kv, p = from_gguf(gguf, runner_devices(), max_context, realize, speed, say=say)
+    model.place_again = lambda drop: place_again(drop, gguf, p, max_context, realize, speed, say)
+    return model, kv
   placed.tinygrads = tinygrads = tinygrads_from_gguf()   # type: ignore[attr-defined]
   Transformer.from_gguf = staticmethod(placed)   # type: ignore[method-assign]
   from client.llm_serve import report_runner_faults
