@@ -7,7 +7,9 @@
  * GPU; .github/workflows/macos.yml is where it first meets one.
  *
  * Shape (models: llama.cpp's ggml-metal, Apple's MetalComputeBasic): one
- * device, opened once per process; one command queue per session;
+ * device per process (the runner's own process lets go of it after
+ * open's probe, and with thread isolation takes it again for its first
+ * session: mtl_dev_get); one command queue per session;
  * pipelines compiled once per process and cached by the SHA-256 of (kind,
  * name, data): across sessions with --isolation thread, while a spawned
  * session's process starts with none and compiles each program again.
@@ -154,7 +156,13 @@ struct be_session {
 	unsigned compiled, reused;
 };
 
-static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
+/* owned. Set by open; in the runner's own process (no known info: not a
+ * spawned session) released again once open has learnt what Rhello says,
+ * and set again, under mtl_lock, by the first session_open (thread
+ * isolation): mtl_dev_get. Read-only while any session is open. */
+static id <MTLDevice> mtl_dev;
+/* The device open was asked for (--device), to take it again. */
+static char mtl_devspec[16];
 /* The runner's macOS, major, minor, patch (mtl_os_read); read-only after
  * open. */
 static int mtl_os[3];
@@ -845,49 +853,91 @@ mtl_pick(NSArray<id <MTLDevice>> *all)
 	return n > 0 ? [[all objectAtIndex:0] retain] : nil;
 }
 
-static int
-mtl_open_body(struct be_info *info, const char *device,
-    const struct be_info *known, char *err)
+/* The device named by device (NULL or "": the system's default, else a
+ * number), retained for the caller, or nil with err set. */
+static id <MTLDevice>
+mtl_device(const char *device, char *err)
 {
 	NSArray<id <MTLDevice>> *all = nil;
+	id <MTLDevice> dev = nil;
 	unsigned long idx = 0;
-	const char *p, *name;
-	char *why = NULL;
+	const char *p;
 
 	if (device == NULL || *device == '\0') {
 		/* Take the system's default GPU. */
-		mtl_dev = MTLCreateSystemDefaultDevice();
-		if (mtl_dev == nil) {
+		dev = MTLCreateSystemDefaultDevice();
+		if (dev == nil) {
 			/* A command-line tool gets no default device unless it
 			 * links CoreGraphics: choose among those listed. */
 			all = MTLCopyAllDevices();
-			mtl_dev = mtl_pick(all);
+			dev = mtl_pick(all);
 		}
-		if (mtl_dev == nil) {
+		if (dev == nil)
 			mtl_seterr(err, "no Metal device found");
-			goto fail;
-		}
 	} else {
 		/* A decimal index into the devices Metal lists. */
 		for (p = device; *p != '\0'; p++) {
 			if (*p < '0' || *p > '9' || p - device >= 9) {
 				mtl_seterr(err, "Metal device \"%s\" is not a "
 				    "device number (0, 1, ...)", device);
-				goto fail;
+				return nil;
 			}
 			idx = idx * 10 + (unsigned long)(*p - '0');
 		}
 		all = MTLCopyAllDevices();
-		if (idx >= [all count]) {
+		if (idx >= [all count])
 			mtl_seterr(err, "Metal device %lu does not exist: this "
 			    "Mac has %lu, numbered from 0", idx,
 			    (unsigned long)[all count]);
-			goto fail;
-		}
-		mtl_dev = [[all objectAtIndex:idx] retain];
+		else
+			dev = [[all objectAtIndex:idx] retain];
 	}
 	[all release];
-	all = nil;
+	return dev;
+}
+
+/*
+ * The device, taken again if open released it (the runner's own process,
+ * thread isolation: its first session). The runner's process releases it
+ * after open because with process isolation, the default, it never uses
+ * it: each session's spawned process opens its own. Kept, the device
+ * object keeps the GPU in use by the runner for as long as it serves, and
+ * on a dual-GPU Intel MacBook that keeps the discrete GPU powered (the
+ * system powers it while a process holds it: Apple, "GPU selection in
+ * macOS"). With thread isolation the first session takes it again and it
+ * is kept from then on, with the pipeline cache that belongs to it. The
+ * same choice (--device) is made as at open, as a spawned session makes
+ * it; a Mac whose GPUs changed in between may give another (the session
+ * then uses that one).
+ */
+static int
+mtl_dev_get(char *err)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&mtl_lock);
+	if (mtl_dev == nil && (mtl_dev = mtl_device(mtl_devspec, err)) == nil)
+		r = -1;
+	pthread_mutex_unlock(&mtl_lock);
+	return r;
+}
+
+static int
+mtl_open_body(struct be_info *info, const char *device,
+    const struct be_info *known, char *err)
+{
+	const char *name;
+	char *why = NULL;
+
+	if (device != NULL && strlen(device) >= sizeof(mtl_devspec)) {
+		mtl_seterr(err, "Metal device \"%s\" is not a device number "
+		    "(0, 1, ...)", device);
+		goto fail;
+	}
+	snprintf(mtl_devspec, sizeof(mtl_devspec), "%s",
+	    device != NULL ? device : "");
+	if ((mtl_dev = mtl_device(device, err)) == nil)
+		goto fail;
 
 #ifdef __APPLE__
 	/* Ticks to ns, for the profile clock (mtl_now_ns). */
@@ -944,10 +994,16 @@ mtl_open_body(struct be_info *info, const char *device,
 		    why != NULL ? why : "Metal compile failed: out of memory");
 		free(why);
 	}
+	if (known == NULL) {
+		/* The runner's own process: let go of the GPU until a session
+		 * of its own needs it (mtl_dev_get); the probe's pipeline is
+		 * released already. */
+		[mtl_dev release];
+		mtl_dev = nil;
+	}
 	return 0;
 
 fail:
-	[all release];
 	[mtl_dev release];
 	mtl_dev = nil;
 	return -1;
@@ -1108,6 +1164,8 @@ mtl_session_open_body(char *err)
 {
 	struct be_session *s;
 
+	if (mtl_dev_get(err) == -1)
+		return NULL;
 	if ((s = calloc(1, sizeof(*s))) == NULL) {
 		mtl_seterr(err, "out of memory");
 		return NULL;

@@ -69,7 +69,7 @@ def test_renamed_selector_fails(tmp_path):
   # a value where setBytes:length:atIndex: wants a pointer
   ("[enc setBytes:&v length:sizeof(v)", "[enc setBytes:v length:sizeof(v)", "setBytes"),
   # an NSArray where an id<MTLDevice> is expected
-  ("mtl_dev = MTLCreateSystemDefaultDevice();", "mtl_dev = MTLCopyAllDevices();", "incompatible"),
+  ("dev = MTLCreateSystemDefaultDevice();", "dev = MTLCopyAllDevices();", "incompatible"),
   # a method Metal does not have on that protocol
   ("[cb computeCommandEncoder]", "[cb computeEncoder]", "computeEncoder"),
   # a C function with the wrong argument count

@@ -606,10 +606,11 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	emu_macos(v);
 	emu_log("TEST HARNESS: an emulated Metal device (%s%.0d%s%s%s) on an "
 	    "emulated macOS %d.%d.%d, running kernels on the CPU; not a GPU, "
-	    "not Apple's compiler", family ? "MTLGPUFamilyApple" :
-	    "MTLGPUFamilyMac2 only", family, emu_metal4() ? ", Metal 4" : "",
-	    lowpower ? ", low power" : "", unified() ? "" :
-	    ", no unified memory", v[0], v[1], v[2]);
+	    "not Apple's compiler (device %d taken in process %ld)", family ?
+	    "MTLGPUFamilyApple" : "MTLGPUFamilyMac2 only", family,
+	    emu_metal4() ? ", Metal 4" : "", lowpower ? ", low power" : "",
+	    unified() ? "" : ", no unified memory", v[0], v[1], v[2], i,
+	    (long)getpid());
 	return self;
 }
 
@@ -862,6 +863,11 @@ static EmuDevice *the_devices[2];	/* not retained: cleared in dealloc */
 	if (the_devices[index] == self)
 		the_devices[index] = nil;
 	pthread_mutex_unlock(&device_lock);
+	/* A model of a dual-GPU Mac's: the system powers a GPU while a
+	 * process holds its device, so the last release is when this
+	 * process lets it power down (tests/test_metal_isolation.py). */
+	emu_log("device %d released in process %ld: no reference to it is "
+	    "left there", index, (long)getpid());
 	[super dealloc];
 }
 
