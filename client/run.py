@@ -95,7 +95,7 @@ def main(argv:list[str], prog:str="python -m client run") -> int:
     print(f"{prog}: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory", file=sys.stderr)
     return 2
   if "--runner" in opts: os.environ["METAL_RUNNER"] = opts["--runner"]
-  if "--token-file" in opts: os.environ["METAL_RUNNER_TOKEN_FILE"] = ",".join(os.path.abspath(f.strip()) for f in opts["--token-file"].split(","))
+  if "--token-file" in opts: os.environ["METAL_RUNNER_TOKEN_FILE"] = ",".join(os.path.abspath(os.path.expanduser(f.strip())) for f in opts["--token-file"].split(","))
   os.environ[RUN_OPTIONS] = " ".join(opts)   # messages name these options, not the variables they set (client/connection.py setting())
   setup_children()
   try:
