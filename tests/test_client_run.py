@@ -199,6 +199,9 @@ def test_a_token_file_per_runner(scripts, authed, tmp_path):
     assert p.returncode == 0 and "sum [4.0, 6.0]" in p.stdout, (p.stdout, p.stderr[-3000:])
     p = python(str(tmp_path / "import_two.py"), env={"METAL_RUNNER": addrs, "METAL_RUNNER_TOKEN_FILE": files})
     assert p.returncode == 0 and "sum [4.0, 6.0]" in p.stdout, (p.stdout, p.stderr[-3000:])
+    # ~ after the comma, which the shell leaves as it is: the home directory all the same
+    p = client_run("--runner", addrs, "--token-file", f"{authed.token},~/token2", str(tmp_path / "two.py"), env={"HOME": str(tmp_path)})
+    assert p.returncode == 0 and "sum [4.0, 6.0]" in p.stdout, (p.stdout, p.stderr[-3000:])
     # one file serves every runner; the wrong one for the second is refused, naming the file and the option
     p = client_run("--runner", addrs, "--token-file", str(authed.token), str(tmp_path / "two.py"))
     stopped(p, r2.addr, f"the runner refused the token from --token-file {authed.token}", ("METAL_RUNNER",))
