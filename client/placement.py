@@ -108,7 +108,8 @@ def speeds(devices:tuple[str, ...], nbytes:int=8 << 20, reps:int=5) -> tuple[lis
   for d in devices:
     if (r:=runner_of(d)) is not None: nbytes = min(nbytes, r.info.memory // 8)
     k = 1024
-    w, x = Tensor.ones(max(1, nbytes // (2 * k)), k, dtype=dtypes.half, device=d).contiguous().realize(), Tensor.ones(1, k, dtype=dtypes.half, device=d).realize()
+    w = Tensor.ones(max(1, nbytes // (2 * k)), k, dtype=dtypes.half, device=d).contiguous().realize()
+    x = Tensor.ones(1, k, dtype=dtypes.half, device=d).realize()
     ts = []
     for _ in range(reps + 1):
       Device[d].synchronize()
@@ -120,7 +121,8 @@ def speeds(devices:tuple[str, ...], nbytes:int=8 << 20, reps:int=5) -> tuple[lis
     del w, x
     if hasattr(alloc:=Device[d].allocator, "free_cache"): alloc.free_cache()   # not kept for later: the runner's memory is the model's
   fastest = min(times)
-  return [1.0 if fastest / t >= SAME_SPEED else fastest / t for t in times], [f"{d}: {t * 1e3:.2f} ms for a {mb(nbytes)} matrix-vector product" for d, t in zip(devices, times)]
+  rel = [1.0 if fastest / t >= SAME_SPEED else fastest / t for t in times]
+  return rel, [f"{d}: {t * 1e3:.2f} ms for a {mb(nbytes)} matrix-vector product" for d, t in zip(devices, times)]
 
 # *** the split: contiguous ranges, within memory, balancing the time of each device
 
@@ -156,7 +158,8 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
     raise DoesNotFit(f"metal_runner: the model does not fit on these runners ({offers}, per session: the runner's --session-mem): it "
                      f"needs {mb(pre[nb] + first_bytes + last_bytes)} of weights ({nb} blocks of up to {mb(max(block_bytes, default=0))}, the "
                      f"embedding {mb(first_bytes)} on the first runner, the output norm and head {mb(last_bytes)} on the last) and "
-                     f"{mb(prekv[nb])} of KV cache, plus {mb(headroom)} of headroom on each runner: {mb(pre[nb] + first_bytes + last_bytes + prekv[nb] + n * headroom)} "
+                     f"{mb(prekv[nb])} of KV cache, plus {mb(headroom)} of headroom on each runner: "
+                     f"{mb(pre[nb] + first_bytes + last_bytes + prekv[nb] + n * headroom)} "
                      f"in all, in contiguous ranges of blocks; nothing was uploaded")
   parts, j = [], nb
   for i in reversed(range(n)):

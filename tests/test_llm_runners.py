@@ -152,7 +152,8 @@ def test_a_runner_lost_mid_stream_ends_it_with_an_error_naming_it_then_the_rest_
   which runner is lost and what is needed."""
   import openai, os, signal, time, urllib.request
   with Runners(2, *(["--session-mem", mem] if mem else [])) as rs:
-    with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["half"], "--max_context", "128"], {}, tmp_path / "s.log") as (url, _):
+    app = ["--model", models["half"], "--max_context", "128"]
+    with served(["-m", "client", "run", "--runner", rs.addr], app, {}, tmp_path / "s.log") as (url, _):
       c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
       args = dict(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0, max_tokens=100)
       before = c.chat.completions.create(**args).choices[0].message.content
@@ -176,3 +177,19 @@ def test_a_runner_lost_mid_stream_ends_it_with_an_error_naming_it_then_the_rest_
       recovered = time.perf_counter() - t
       with urllib.request.urlopen(url + "/models", timeout=5) as r: assert r.status == 200   # the server is up
     print(f"{sig}: the stream ended {waited:.3f} s after it; the next request answered in {recovered:.1f} s")
+
+@pytest.mark.slow
+@pytest.mark.metal
+def test_benchmark_over_two_metal_runners(models, cpu_benchmark):
+  """On Linux two Metal emulator runners (a test harness running the kernels on the CPU), not a GPU."""
+  from conftest import metal_runner_proc, needs_own_metal_runner
+  needs_own_metal_runner()
+  rs = [metal_runner_proc(), metal_runner_proc()]
+  try:
+    p = python("-m", "client", "run", "--runner", ",".join(r.addr for r in rs), "-m", "tinygrad.llm", "--model", models["small"],
+               "--max_context", CTX, "--benchmark", "6", timeout=900)
+    assert texts(p) == cpu_benchmark("small")
+    assert placement_line(p.stderr).startswith(f"placement over 2 runners: METAL {rs[0].addr} blocks 0-1 and the embedding"), p.stderr[-2000:]
+    assert "on METAL" in p.stdout
+  finally:
+    for r in rs: r.stop()
