@@ -122,6 +122,10 @@ struct be_program {
 	/* Buffer i's offset must be a multiple of align[i] (backend.h). */
 	uint32_t align[MTL_MAX_ARGS];
 	char name[PROTO_MAX_NAME + 1];
+	/* Owned, or nil: "kernel NAME", the label of the compute encoder of
+	 * each launch of it alone, by which a failed command buffer's error
+	 * names the kernel that faulted (mtl_faulted). */
+	NSString *label;
 };
 
 struct be_buffer {
@@ -137,6 +141,11 @@ struct be_buffer {
 
 struct be_session {
 	id <MTLCommandQueue> queue;	/* owned */
+	/* Owned, or nil before macOS 11: an MTLCommandBufferDescriptor with
+	 * MTLCommandBufferErrorOptionEncoderExecutionStatus, from which every
+	 * command buffer is made, so that a failed one says which encoder
+	 * faulted (mtl_faulted). Typed id: the class is macOS 11's. */
+	id desc;
 	id <MTLCommandBuffer> open;	/* owned; being encoded, not committed */
 	size_t nopen;			/* commands encoded into open */
 	uint64_t seq;			/* command buffers started, numbered
@@ -247,12 +256,52 @@ mtl_nserr(char *err, const char *what, NSError *e)
  * domain is MTLCommandBufferErrorDomain ([cb error]), so its code is one
  * of MTLCommandBufferError's.
  */
+/*
+ * The label of the encoder that faulted, from a failed command buffer's
+ * error (macOS 11: the command buffer was made with EncoderExecutionStatus;
+ * userInfo's MTLCommandBufferEncoderInfoErrorKey is "an array of
+ * MTLCommandBufferEncoderInfo", one per encoder, each with its label and
+ * errorState), as " in LABEL" into out: " in kernel NAME" for a launch,
+ * " in a graph of N kernels: ..." for a graph's one pass, " in a copy" for
+ * a blit (unlabelled). "" when Metal names no encoder as the cause (a
+ * failure injected whole, a GPU already lost, a macOS before 11). So in a
+ * batch of MTL_BATCH launches the one whose kernel faulted is named.
+ */
 static void
-mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
+mtl_faulted(NSError *e, char *out, size_t len)
+{
+	NSArray<id <MTLCommandBufferEncoderInfo>> *all;
+	id <MTLCommandBufferEncoderInfo> x;
+	NSUInteger i, n;
+	const char *l;
+
+	out[0] = '\0';
+	if (e == nil)
+		return;
+	if (@available(macOS 11.0, *)) {
+		all = [[e userInfo]
+		    objectForKey:MTLCommandBufferEncoderInfoErrorKey];
+		for (i = 0, n = all != nil ? [all count] : 0; i < n; i++) {
+			x = [all objectAtIndex:i];
+			if ([x errorState] != MTLCommandEncoderErrorStateFaulted)
+				continue;
+			l = [x label] != nil ? [[x label] UTF8String] : NULL;
+			snprintf(out, len, " in %s", l != NULL && *l != '\0' ?
+			    l : "a copy");
+			return;
+		}
+	}
+}
+
+static void
+mtl_cberr(char *err, const char *what0, id <MTLCommandBuffer> cb)
 {
 	NSError *e = [cb error];
 	const char *name, *text = NULL;
+	char what[PROTO_MAX_NAME + 128], in[PROTO_MAX_NAME + 64];
 
+	mtl_faulted(e, in, sizeof(in));
+	snprintf(what, sizeof(what), "%s%s", what0, in);
 	switch (e != nil ? (NSUInteger)[e code] : 0) {
 	case MTLCommandBufferErrorAccessRevoked:
 		name = "MTLCommandBufferErrorAccessRevoked (4)";
@@ -1146,7 +1195,16 @@ mtl_cmdbuf(struct be_session *s, char *err)
 	if (s->open != nil)
 		return s->open;
 	/* Start a command buffer; it keeps what it uses alive until done. */
-	cb = [s->queue commandBuffer];
+	cb = nil;
+	if (@available(macOS 11.0, *)) {
+		/* With each encoder's status kept for a failure. */
+		if (s->desc != nil)
+			cb = [s->queue commandBufferWithDescriptor:
+			    (MTLCommandBufferDescriptor *)s->desc];
+		else
+			cb = [s->queue commandBuffer];
+	} else
+		cb = [s->queue commandBuffer];
 	if (cb == nil) {
 		fprintf(stderr, "%s: commandBuffer returned nil\n", __func__);
 		mtl_seterr(err, "Metal could not create a command buffer");
@@ -1187,6 +1245,20 @@ mtl_session_open_body(char *err)
 		free(s);
 		return NULL;
 	}
+	if (@available(macOS 11.0, *)) {
+		MTLCommandBufferDescriptor *d;
+
+		/* Command buffers that keep each encoder's execution status
+		 * for their error, so that the text of a failure in a batch
+		 * names the kernel (mtl_faulted). Apple presents this as
+		 * light enough to leave on in a shipping app (WWDC 2020,
+		 * "Debug GPU-side errors in Metal"); its cost here has not
+		 * been measured on a Mac. Without it (nil) plain ones. */
+		if ((d = [[MTLCommandBufferDescriptor alloc] init]) != nil)
+			d.errorOptions =
+			    MTLCommandBufferErrorOptionEncoderExecutionStatus;
+		s->desc = d;
+	}
 	return s;
 }
 
@@ -1210,6 +1282,7 @@ mtl_session_close(struct be_session *s)
 		    "the pipeline cache", s->compiled, s->reused);
 	@autoreleasepool {
 		mtl_drain(s);
+		[s->desc release];
 		[s->queue release];
 	}
 	free(s);
@@ -1588,6 +1661,13 @@ mtl_load_body(const struct be_program_desc *d, char *err, char **longerr,
 	prog->nvals = d->nvals;
 	prog->wide = d->entry;
 	snprintf(prog->name, sizeof(prog->name), "%s", d->name);
+	/* Its encoders' label; a name that is not UTF-8 leaves none. */
+	if ((key = malloc(namelen + 8)) != NULL) {
+		snprintf((char *)key, namelen + 8, "kernel %s", d->name);
+		prog->label = [[NSString alloc] initWithBytes:key
+		    length:namelen + 7 encoding:NSUTF8StringEncoding];
+		free(key);
+	}
 	return prog;
 
 fail:
@@ -1619,6 +1699,7 @@ mtl_unload(struct be_session *s, struct be_program *prog)
 {
 	(void)s;
 	mtl_unref(prog->pipe);
+	[prog->label release];
 	free(prog);
 }
 
@@ -1720,6 +1801,40 @@ mtl_used(struct be_session *s, const struct be_launch *l)
 	}
 }
 
+/*
+ * The label of a pass of n launches: its kernel's (n 1), else "a graph of
+ * N kernels: a, b, ..." (Metal names a faulting encoder, not the dispatch
+ * in it that faulted, so a graph's failure names all its kernels, cut at
+ * about 400 bytes).
+ */
+static void
+mtl_label(id <MTLComputeCommandEncoder> enc, const struct be_launch *l,
+    size_t n)
+{
+	char buf[448];
+	NSString *label;
+	size_t i, k;
+
+	if (n == 1) {
+		[enc setLabel:l[0].prog->label];
+		return;
+	}
+	k = (size_t)snprintf(buf, sizeof(buf), "a graph of %zu kernels:", n);
+	for (i = 0; i < n && k < 400; i++)
+		k += (size_t)snprintf(buf + k, sizeof(buf) - k, "%s %s",
+		    i > 0 ? "," : "", l[i].prog->name);
+	if (i < n && k < sizeof(buf) - 8)
+		k += (size_t)snprintf(buf + k, sizeof(buf) - k, ", ...");
+	if (k >= sizeof(buf))
+		k = sizeof(buf) - 1;
+	buf[k] = '\0';
+	mtl_trim_utf8(buf);
+	label = [[NSString alloc] initWithBytes:buf length:strlen(buf)
+	    encoding:NSUTF8StringEncoding];
+	[enc setLabel:label];
+	[label release];
+}
+
 /* Start a compute pass in cb. */
 static id <MTLComputeCommandEncoder>
 mtl_pass(id <MTLCommandBuffer> cb, char *err)
@@ -1770,6 +1885,8 @@ mtl_launch_each(struct be_session *s, const struct be_launch *l, size_t n,
 				mtl_drain(s);
 			goto done;
 		}
+		/* Name the pass after its kernel. */
+		[enc setLabel:l[i].prog->label];
 		mtl_encode(enc, &l[i]);
 		mtl_used(s, &l[i]);
 		/* End the compute pass. */
@@ -1846,6 +1963,8 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 	 */
 	if ((enc = mtl_pass(cb, err)) == nil)
 		return -1;
+	/* Name the pass after its kernel, or a graph's after its kernels. */
+	mtl_label(enc, l, n);
 	for (i = 0; i < n; i++) {
 		mtl_encode(enc, &l[i]);
 		mtl_used(s, &l[i]);

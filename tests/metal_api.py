@@ -35,6 +35,13 @@ def _compile(src: Path, stub: Path, out: Path, *extra: str):
   assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stderr}"
 
 
+def stub_constants(stub: Path = STUB) -> set[str]:
+  """The MTL/NS constants (extern ... const NAME;, as MTLCommandBufferEncoderInfoErrorKey) tests/metal_stub declares: an undefined
+  symbol of runner.o that is one of them is a constant runner.m reads, not a function it calls."""
+  text = "".join(re.sub(r"/\*.*?\*/", "", h.read_text(), flags=re.S) for h in sorted(stub.rglob("*.h")))
+  return set(re.findall(r"^extern\s+\w+\s+const\s+((?:MTL|NS)[A-Z]\w*)\s*;", text, flags=re.M))
+
+
 def runner_symbols(src: Path = RUNNER, stub: Path = STUB) -> dict[str, set[str]]:
   """The selectors runner.m sends, the classes it messages and the MTL/NS C functions it calls, from the object's symbols."""
   with tempfile.TemporaryDirectory() as tmp:
@@ -42,9 +49,11 @@ def runner_symbols(src: Path = RUNNER, stub: Path = STUB) -> dict[str, set[str]]
     _compile(src, stub, obj, "-c")
     nm = subprocess.run([NM, str(obj)], capture_output=True, text=True, timeout=60, check=True).stdout
   syms = [(line.split()[-2], line.split()[-1]) for line in nm.splitlines() if len(line.split()) >= 2]
+  consts = stub_constants(stub)
   out = {"selectors": {s[len(".objc_sel_name"):] for _, s in syms if s.startswith(".objc_sel_name")},
          "classes": {s[len("__objc_class_name_"):] for t, s in syms if t == "U" and s.startswith("__objc_class_name_")},
-         "functions": {s for t, s in syms if t == "U" and re.match(r"(MTL|NS)[A-Z]", s)}}
+         "functions": {s for t, s in syms if t == "U" and re.match(r"(MTL|NS)[A-Z]", s) and s not in consts},
+         "constants": {s for t, s in syms if t == "U" and s in consts}}
   assert len(out["selectors"]) > 20 and "newBufferWithLength:options:" in out["selectors"], \
     f"found {len(out['selectors'])} selector symbols in the object: has the GNU runtime's symbol naming changed?\n{nm[:2000]}"
   return out

@@ -124,8 +124,11 @@ def metalcpp_declarations(tree: Path) -> dict[str, set[str]]:
       f"metal-cpp {rel}: read {len(sels)} of {body.count(f'_{ns}_PRIVATE_DEF_SEL(')} selector definitions; has the format changed?"
     out["selectors"] |= set(sels)
     out["classes"] |= set(re.findall(rf"\b_{ns}_PRIVATE_DEF_CLS\(\s*(\w+)\s*\)", body))
+  out["constants"] = set()
   for h in (tree / "Metal").glob("*.hpp"):
     out["functions"] |= set(re.findall(r'^\s*extern\s+"C"\s+[^;(]*?\b(\w+)\s*\(', h.read_text(), flags=re.M))
+    # _MTL_PRIVATE_DEF_CONST(NS::ErrorUserInfoKey, CommandBufferEncoderInfoErrorKey): the C symbol MTLCommandBufferEncoderInfoErrorKey
+    out["constants"] |= {"MTL" + n for n in re.findall(r"\b_MTL_PRIVATE_DEF_(?:CONST|STR)\(\s*[\w:]+\s*,\s*(\w+)\s*\)", h.read_text())}
   return out
 
 
@@ -252,6 +255,14 @@ def test_classes_declared_in_metalcpp(runner_syms, mc_decls):
   assert runner_syms["classes"] >= {"MTLCompileOptions", "NSString"}, runner_syms["classes"]
   problems = check_declared("class", runner_syms["classes"], mc_decls["classes"], NOT_IN_METALCPP_CLASSES)
   assert not problems, "\n".join(problems)
+
+
+def test_constants_declared_in_metalcpp(runner_syms, mc_decls):
+  # the constants runner.m reads (MTLCommandBufferEncoderInfoErrorKey, a failed command buffer's userInfo key: issue 35 item 3)
+  assert "MTLCommandBufferEncoderInfoErrorKey" in runner_syms["constants"], runner_syms["constants"]
+  assert len(mc_decls["constants"]) > 10, "read few constants from metal-cpp: has _MTL_PRIVATE_DEF_CONST changed?"
+  missing = sorted(runner_syms["constants"] - mc_decls["constants"])
+  assert not missing, f"runner.m reads {missing}, which metal-cpp does not declare (misspelt? not Metal API?)"
 
 
 def test_c_functions_declared_in_metalcpp(runner_syms, mc_decls):

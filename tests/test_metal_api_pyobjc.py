@@ -91,6 +91,11 @@ PYOBJC_DIFFERS = {
                                          "mtllanguageversion; metal-cpp: _MTL_ENUM(NS::UInteger, LanguageVersion))")},
   "setFastMathEnabled:": {"retval": ("v", None, "MTLCompileOptions is a class: PyObjC records only the BOOL argument of this "
                                      "setter (the runtime cannot tell BOOL from char); a property setter returns void")},
+  "setErrorOptions:": {"retval": ("v", None, "MTLCommandBufferDescriptor is a class: PyObjC records nothing for this setter "
+                                  "(macOS 11); a property setter returns void"),
+                       2: ("Q", None, "MTLCommandBufferErrorOption is NS_OPTIONS(NSUInteger) (developer.apple.com/documentation/"
+                                      "metal/mtlcommandbuffererroroption; metal-cpp: _MTL_OPTIONS(NS::UInteger, "
+                                      "CommandBufferErrorOption))")},
   "setMathMode:": {"retval": ("v", None, "MTLCompileOptions is a class: PyObjC records nothing for this setter (macOS 15); a "
                               "property setter returns void"),
                    2: ("q", None, "MTLMathMode is NS_ENUM(NSInteger) (developer.apple.com/documentation/metal/mtlmathmode; "
@@ -142,7 +147,8 @@ def read_metadata(src: str) -> dict:
   for item in ast.literal_eval(top["enums"]).strip("$").split("$"):
     name, _, value = item.partition("@")
     enums[name] = int(value) if re.fullmatch(r"-?\d+", value) else value
-  out = {"methods": methods, "enums": enums, "functions": ast.literal_eval(top["functions"])}
+  out = {"methods": methods, "enums": enums, "functions": ast.literal_eval(top["functions"]),
+         "constants": {c.split("@")[0] for c in ast.literal_eval(top["constants"]).strip("$").split("$")}}
   assert len(methods) > 500 and len(enums) > 500 and "MTLCreateSystemDefaultDevice" in out["functions"], \
     f"read {len(methods)} selectors, {len(enums)} enum values from PyObjC's metadata: has its format changed?"
   return out
@@ -389,6 +395,14 @@ def test_enum_values_match_pyobjc(pyobjc):
           "MTLLanguageVersion3_1"} <= set(vals)
   problems = check_enums(vals, pyobjc["enums"])
   assert not problems, "\n".join(problems)
+
+
+def test_constants_in_pyobjc(pyobjc):
+  # the MTL constants runner.m reads (MTLCommandBufferEncoderInfoErrorKey: issue 35 item 3), by name in PyObjC's constants
+  consts = runner_symbols()["constants"]
+  assert "MTLCommandBufferEncoderInfoErrorKey" in consts, consts
+  missing = sorted(consts - pyobjc["constants"])
+  assert not missing, f"runner.m reads {missing}, which PyObjC {PYOBJC_METAL_VERSION}'s metadata for Metal does not have"
 
 
 def test_c_functions_match_pyobjc(pyobjc, bool_code):

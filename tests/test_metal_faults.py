@@ -394,3 +394,59 @@ def test_tfree_of_a_buffer_no_pending_work_uses_does_not_wait():
     c.close()
   finally:
     r.stop()
+
+# *** issue 35, item 3: a kernel that faults in a batch is named. Every command buffer is made with
+# MTLCommandBufferErrorOptionEncoderExecutionStatus (macOS 11) and every compute pass is labelled after its kernel (a graph's
+# one pass after all its kernels), so the failed command buffer's error says which encoder faulted (MTLCommandBufferEncoderInfo,
+# errorState Faulted), where the EDEVICE text was the GPU's alone and any of the batch's kernels might have been the cause. The
+# emulator gives the encoders' states for a fault (its guard page), a validation failure and METAL_EMU_REVOKE as its README says;
+# what a Mac's GPU reports for each has not been seen
+
+def kernel(i:int, bad:bool) -> str:
+  body = "out[4 + gid.x] = 1.0f;" if bad else "out[gid.x] = 2.0f;"   # bad: one float past the end of a 16-byte buffer
+  return HEAD + f"kernel void k{i}(device float* out, {IDS}) {{ {body} }}\n"
+
+def batch_of_16(c:Raw, bad:int) -> int:
+  """Kernels k0..k15 (k{bad} faults), launched in one send, then a Tsync: its tag."""
+  for i in range(16):
+    c.alloc(i + 1, 16)
+    load(c, i + 1, kernel(i, i == bad), 1)
+  assert c.until_pong() == []
+  c.send(b"".join(P.pack(P.TLAUNCH, 1000 + i, 0, payload_len=len(P.launch_args([(i + 1, 0)], [])),
+                         **P.launch_fields(i + 1, [(i + 1, 0)], [])) + P.launch_args([(i + 1, 0)], []) for i in range(16)))
+  return c.req(P.TSYNC)
+
+@pytest.mark.parametrize("bad", [0, 7, 15])
+def test_the_kernel_that_faults_in_a_batch_is_named(bad):
+  r = emulated(METAL_EMU_TRACE=1)
+  try:
+    c = Raw(r.addr)
+    tag = batch_of_16(c, bad)
+    code, etag, text = c.error()
+    assert (code, etag) == (P.EDEVICE, tag) and "Address Fault" in text, text
+    assert f"in kernel k{bad}:" in text and not re.search(rf"kernel k(?!{bad}\b)\d+", text), text
+    c.sync()                                     # reported once
+    c.close()
+    assert max(commits(r.log_text(0))) > 1, r.log_text(0)   # the launches shared command buffers
+  finally:
+    r.stop()
+
+def test_a_waited_launch_and_a_graph_name_their_kernels():
+  r = emulated()
+  try:
+    c = Raw(r.addr)
+    c.alloc(1, 16); c.alloc(2, 16)
+    load(c, 1, kernel(1, False), 1); load(c, 2, kernel(2, True), 1)
+    tag = c.launch(2, [(1, 0)], wait=True)
+    code, etag, text = c.error()
+    assert (code, etag) == (P.EDEVICE, tag) and "failed on the GPU in kernel k2:" in text, text
+    # a graph is one pass (one encoder): Metal can name the pass, not which of its dispatches faulted
+    c.req(P.TGRAPH, b"".join(P.launch_record(p, [(h, 0)], []) for p, h in ((1, 1), (2, 2), (1, 2))), graph=1, count=3)
+    run = c.req(P.TGRAPHRUN, graph=1, count=0)
+    tag = c.req(P.TSYNC)
+    errs = c.until_pong()
+    assert [(code, etag) for code, etag, _ in errs] in ([(P.EDEVICE, run)], [(P.EDEVICE, tag)]), errs
+    assert "in a graph of 3 kernels: k1, k2, k1:" in errs[0][2], errs
+    c.close()
+  finally:
+    r.stop()

@@ -43,6 +43,12 @@ NSString *emu_string(const char *fmt, ...)
     __attribute__((format(printf, 1, 2)));	/* autoreleased */
 NSError *emu_error(long code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));	/* autoreleased */
+/* With userInfo info (retained by the error), or NULL for an empty one. */
+NSError *emu_error_info(long code, NSDictionary *info,
+    const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A retained dictionary of one entry, found by the key's identity (or
+ * none, key nil). */
+NSDictionary *emu_dictionary(id key, id value);
 id emu_autorelease(id obj);
 void emu_dispatch_bytes(dispatch_data_t data, const uint8_t **p, size_t *n);
 /* METAL_EMU_MACOS: the macOS version NSProcessInfo reports. */

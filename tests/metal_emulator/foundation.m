@@ -327,10 +327,53 @@ emu_string(const char *fmt, ...)
 	return [s autorelease];
 }
 
+/*
+ * NSDictionary: the one a failed command buffer's error has for userInfo
+ * (MTLCommandBufferEncoderInfoErrorKey, queue.m). Keys are found by
+ * identity, where Apple's compares them with isEqual: the only keys here
+ * are constants, which the caller passes as themselves.
+ */
+@interface EmuDictionary : NSDictionary {
+@public
+	id key, value;	/* value retained; key a constant, or nil: empty */
+}
+@end
+
+@implementation EmuDictionary
+- (nullable id)objectForKey:(id)k
+{
+	return k != nil && k == key ? value : nil;
+}
+- (void)dealloc
+{
+	[value release];
+	[super dealloc];
+}
+@end
+
+@implementation NSDictionary
+- (nullable id)objectForKey:(id)k
+{
+	(void)k;
+	return nil;
+}
+@end
+
+NSDictionary *
+emu_dictionary(id key, id value)
+{
+	EmuDictionary *d = (EmuDictionary *)[EmuDictionary allocPlain];
+
+	d->key = key;
+	d->value = [value retain];
+	return d;
+}
+
 @interface EmuError : NSError {
 @public
 	long code;
 	NSString *desc;
+	NSDictionary *info;	/* retained */
 }
 @end
 
@@ -343,9 +386,17 @@ emu_string(const char *fmt, ...)
 {
 	return code;
 }
+/* Never nil, as Apple's: empty when the error carries nothing more. */
+- (NSDictionary *)userInfo
+{
+	if (info == nil)
+		info = emu_dictionary(nil, nil);
+	return info;
+}
 - (void)dealloc
 {
 	[desc release];
+	[info release];
 	[super dealloc];
 }
 @end
@@ -359,7 +410,25 @@ emu_string(const char *fmt, ...)
 {
 	return 0;
 }
+- (NSDictionary *)userInfo
+{
+	return emu_autorelease(emu_dictionary(nil, nil));
+}
 @end
+
+NSError *
+emu_error_info(long code, NSDictionary *info, const char *fmt, ...)
+{
+	EmuError *e = (EmuError *)[EmuError allocPlain];
+	va_list ap;
+
+	va_start(ap, fmt);
+	e->desc = emu_vstring(fmt, ap);
+	va_end(ap);
+	e->code = code;
+	e->info = [info retain];
+	return [e autorelease];
+}
 
 NSError *
 emu_error(long code, const char *fmt, ...)

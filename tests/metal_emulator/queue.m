@@ -53,6 +53,7 @@ enum { CMD_DISPATCH = 1, CMD_COPY, CMD_SYNC };
 
 struct emu_cmd {
 	int type;
+	int enc;			/* its encoder, from 0 in its buffer */
 	/* CMD_DISPATCH */
 	EmuPipeline *pipe;			/* retained */
 	EmuBuffer *bufs[EMU_ARG_TABLE];		/* retained */
@@ -90,6 +91,12 @@ struct emu_cmd {
 	size_t ncmds, capcmds;
 	id encoder;			/* the active EmuEncoder, not retained */
 	char invalid[512];		/* the first validation failure */
+	int invalid_enc;		/* the encoder it was in, or -1 */
+	/* Its encoders, in order: each one's label (retained, or nil), for
+	 * MTLCommandBufferEncoderInfo; the errorOptions it was made with. */
+	NSString **labels;
+	int nenc;
+	MTLCommandBufferErrorOption erropts;
 }
 - (void)invalid:(const char *)fmt, ... __attribute__((format(printf, 1, 2)));
 - (struct emu_cmd *)newCommand;
@@ -101,9 +108,12 @@ struct emu_cmd {
 @public
 	EmuCommandBuffer *cb;		/* retained */
 	int ended;
+	int idx;			/* its place among cb's encoders */
 }
 + (id)encoderFor:(EmuCommandBuffer *)cb as:(const char *)what;	/* autoreleased */
 - (void)endEncoding;
+- (nullable NSString *)label;
+- (void)setLabel:(nullable NSString *)label;
 @end
 
 @interface EmuComputeEncoder : EmuEncoder <MTLComputeCommandEncoder> {
@@ -196,15 +206,17 @@ injected_failure(unsigned long seq)
  * with AccessRevoked (4), as when macOS takes the GPU from a process whose
  * work hung; so the GPU is lost to this process only, as on a Mac. */
 static long
-revoked_by(EmuCommandBuffer *cb)
+revoked_by(EmuCommandBuffer *cb, int *enc)
 {
 	const char *v = getenv("METAL_EMU_REVOKE");
 	size_t i;
 
 	for (i = 0; v != NULL && *v != '\0' && i < cb->ncmds; i++)
 		if (cb->cmds[i].type == CMD_DISPATCH &&
-		    strcmp(cb->cmds[i].pipe->k->name, v) == 0)
+		    strcmp(cb->cmds[i].pipe->k->name, v) == 0) {
+			*enc = cb->cmds[i].enc;
 			return EMU_ERR_ACCESS_REVOKED;
+		}
 	return 0;
 }
 
@@ -223,6 +235,41 @@ cmd_release(struct emu_cmd *c)
 	memset(c, 0, sizeof(*c));
 }
 
+/* ---- command buffer descriptors (macOS 11) ---- */
+
+/* MTLCommandBufferEncoderInfoErrorKey: a constant whose address is its
+ * identity; the emulator's NSDictionary finds keys by identity, and nothing
+ * sends the key a message. */
+static struct { void *isa; } emu_encoder_info_key;
+NSErrorUserInfoKey const MTLCommandBufferEncoderInfoErrorKey =
+    (NSErrorUserInfoKey)(void *)&emu_encoder_info_key;
+
+/* A class cluster, as MTLCompileOptions (device.m): the stub declares no
+ * ivars. Apple's default errorOptions is None. */
+@interface EmuCommandBufferDescriptor : MTLCommandBufferDescriptor {
+@public
+	MTLCommandBufferErrorOption erropts;
+}
+@end
+
+@implementation MTLCommandBufferDescriptor
++ (instancetype)alloc
+{
+	return (id)[EmuCommandBufferDescriptor allocPlain];
+}
+- (MTLCommandBufferErrorOption)errorOptions
+{
+	return ((EmuCommandBufferDescriptor *)self)->erropts;
+}
+- (void)setErrorOptions:(MTLCommandBufferErrorOption)opts
+{
+	((EmuCommandBufferDescriptor *)self)->erropts = opts;
+}
+@end
+
+@implementation EmuCommandBufferDescriptor
+@end
+
 /* ---- command buffers ---- */
 
 @implementation EmuCommandBuffer
@@ -235,6 +282,7 @@ cmd_release(struct emu_cmd *c)
 
 	if (invalid[0] != '\0')
 		return;
+	invalid_enc = encoder != nil ? ((EmuEncoder *)encoder)->idx : -1;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
@@ -260,6 +308,7 @@ cmd_release(struct emu_cmd *c)
 		cmds = more;
 	}
 	memset(&cmds[ncmds], 0, sizeof(cmds[ncmds]));
+	cmds[ncmds].enc = nenc - 1;	/* made by the latest encoder */
 	return &cmds[ncmds++];
 }
 
@@ -359,6 +408,9 @@ cmd_release(struct emu_cmd *c)
 	for (i = 0; i < ncmds; i++)
 		cmd_release(&cmds[i]);
 	free(cmds);
+	for (i = 0; i < (size_t)nenc; i++)
+		[labels[i] release];
+	free(labels);
 	[err release];
 	q = queue;
 	[super dealloc];
@@ -385,7 +437,27 @@ cmd_release(struct emu_cmd *c)
 	e = [self alloc];
 	e->cb = [b retain];
 	b->encoder = e;
+	if ((b->labels = realloc(b->labels, (size_t)(b->nenc + 1) *
+	    sizeof(*b->labels))) == NULL)
+		abort();
+	b->labels[b->nenc] = nil;
+	e->idx = b->nenc++;
 	return [e autorelease];
+}
+
+/* @property(nullable, copy, atomic) NSString *label; kept by the command
+ * buffer too, which names the encoder in its error (run). The emulator's
+ * strings are immutable, so the copy is the string itself. */
+- (nullable NSString *)label
+{
+	return cb->labels[idx];
+}
+
+- (void)setLabel:(nullable NSString *)label
+{
+	[label retain];
+	[cb->labels[idx] release];
+	cb->labels[idx] = label;
 }
 
 - (void)endEncoding
@@ -422,6 +494,8 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 }
 
 @implementation EmuComputeEncoder
+
+@dynamic label;	/* EmuEncoder's */
 
 - (void)clearIndex:(NSUInteger)i
 {
@@ -620,6 +694,8 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 
 @implementation EmuBlitEncoder
 
+@dynamic label;	/* EmuEncoder's */
+
 - (void)copyFromBuffer:(id <MTLBuffer>)src sourceOffset:(NSUInteger)srcoff
     toBuffer:(id <MTLBuffer>)dst destinationOffset:(NSUInteger)dstoff
     size:(NSUInteger)size
@@ -686,6 +762,80 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 
 /* ---- the queue and its thread ---- */
 
+/* MTLCommandEncoderErrorState (macOS 11; MTLCommandBuffer.h): the stub
+ * names only Faulted, the one runner.m reads. */
+enum { EMU_ENC_COMPLETED = 1, EMU_ENC_AFFECTED = 2, EMU_ENC_PENDING = 3,
+	EMU_ENC_FAULTED = 4 };
+
+@interface EmuEncoderInfo : NSObject <MTLCommandBufferEncoderInfo> {
+@public
+	NSString *label;	/* retained, or nil */
+	MTLCommandEncoderErrorState state;
+}
+@end
+
+@implementation EmuEncoderInfo
+- (NSString *)label
+{
+	return label;
+}
+- (MTLCommandEncoderErrorState)errorState
+{
+	return state;
+}
+- (void)dealloc
+{
+	[label release];
+	[super dealloc];
+}
+@end
+
+/*
+ * The userInfo of a failed command buffer made with
+ * MTLCommandBufferErrorOptionEncoderExecutionStatus: under
+ * MTLCommandBufferEncoderInfoErrorKey an array with an
+ * MTLCommandBufferEncoderInfo per encoder, its label and its state. The
+ * encoder faulted (cause, -1 for none known) is Faulted; those before it
+ * Completed when ran (the GPU got as far as cause: a kernel's fault), else
+ * Pending (nothing ran: validation, a revoked kernel); every other one
+ * Pending. A failure with no cause (METAL_EMU_FAIL, a GPU lost before)
+ * leaves each Affected. Apple says which state means what, not how a GPU
+ * assigns them: this is the emulator's reading. NULL without the option.
+ */
+NSArray *emu_array(id *objs, NSUInteger n);	/* foundation.m */
+
+static NSDictionary *
+encoder_info(EmuCommandBuffer *cb, int cause, int ran)
+{
+	id infos[64], *all = infos;
+	EmuEncoderInfo *x;
+	NSArray *a;
+	NSDictionary *d;
+	int i;
+
+	if (!(cb->erropts & MTLCommandBufferErrorOptionEncoderExecutionStatus))
+		return NULL;
+	if (cb->nenc > 64 && (all = calloc((size_t)cb->nenc, sizeof(id))) ==
+	    NULL)
+		abort();
+	for (i = 0; i < cb->nenc; i++) {
+		x = (EmuEncoderInfo *)[EmuEncoderInfo allocPlain];
+		x->label = [cb->labels[i] retain];
+		x->state = (MTLCommandEncoderErrorState)(cause < 0 ?
+		    EMU_ENC_AFFECTED : i == cause ? EMU_ENC_FAULTED :
+		    i < cause && ran ? EMU_ENC_COMPLETED : EMU_ENC_PENDING);
+		all[i] = x;
+	}
+	a = emu_array(all, (NSUInteger)cb->nenc);
+	for (i = 0; i < cb->nenc; i++)
+		[all[i] release];
+	if (all != infos)
+		free(all);
+	d = emu_dictionary(MTLCommandBufferEncoderInfoErrorKey, a);
+	[a release];
+	return emu_autorelease(d);
+}
+
 /* Run one command buffer: what the GPU does. */
 static void
 run(EmuCommandBuffer *cb)
@@ -694,13 +844,15 @@ run(EmuCommandBuffer *cb)
 	struct emu_cmd *c;
 	long code = 1, lost;	/* MTLCommandBufferErrorInternal */
 	size_t i;
+	int cause = -1, ran = 0;	/* the encoder that faulted */
 
 	cb->t0 = now();
-	if (cb->invalid[0] != '\0')
+	if (cb->invalid[0] != '\0') {
 		snprintf(err, sizeof(err), "%s", cb->invalid);
-	else if ((lost = atomic_load(&emu_lost)) != 0 ||
+		cause = cb->invalid_enc;
+	} else if ((lost = atomic_load(&emu_lost)) != 0 ||
 	    (code = injected_failure(cb->seq)) != 0 ||
-	    (code = revoked_by(cb)) != 0) {
+	    (code = revoked_by(cb, &cause)) != 0) {
 		/* A lost GPU runs nothing more for this process, and code 4,
 		 * 7 or 11 loses it. */
 		if (lost != 0)
@@ -718,9 +870,13 @@ run(EmuCommandBuffer *cb)
 		code = 1;
 	for (i = 0; err[0] == '\0' && i < cb->ncmds; i++) {
 		c = &cb->cmds[i];
-		if (c->type == CMD_DISPATCH)
-			emu_exec(&c->d, err, sizeof(err));
-		else if (c->type == CMD_SYNC)	/* the GPU's copy to the CPU's */
+		if (c->type == CMD_DISPATCH) {
+			/* A fault: this encoder's, after the ones before. */
+			if (emu_exec(&c->d, err, sizeof(err)) != 0) {
+				cause = c->enc;
+				ran = 1;
+			}
+		} else if (c->type == CMD_SYNC)	/* the GPU's copy to the CPU's */
 			memcpy(c->dst->cpu, c->dst->bytes, c->dst->length);
 		else
 			memmove(c->dst->bytes + c->dstoff,
@@ -728,7 +884,8 @@ run(EmuCommandBuffer *cb)
 	}
 	cb->t1 = now();
 	if (err[0] != '\0')
-		cb->err = [emu_error(code, "%s", err) retain];
+		cb->err = [emu_error_info(code, encoder_info(cb, cause, ran),
+		    "%s", err) retain];
 	if (trace())
 		emu_log("command buffer %lu %s", cb->seq, err[0] != '\0' ?
 		    "failed" : "completed");
@@ -775,6 +932,16 @@ queue_thread(void *arg)
 }
 
 @implementation EmuQueue
+
+- (nullable id <MTLCommandBuffer>)commandBufferWithDescriptor:
+    (MTLCommandBufferDescriptor *)descriptor
+{
+	EmuCommandBuffer *cb = (EmuCommandBuffer *)[self commandBuffer];
+
+	if (cb != nil)
+		cb->erropts = [descriptor errorOptions];
+	return cb;
+}
 
 - (nullable id <MTLCommandBuffer>)commandBuffer
 {

@@ -94,7 +94,20 @@ typedef struct {
 @property (nullable, readonly) const char *UTF8String NS_RETURNS_INNER_POINTER;
 @end
 
+/* typedef NSString *NSErrorUserInfoKey;  (macOS 10.0; NS_TYPED_EXTENSIBLE_ENUM)
+ * https://developer.apple.com/documentation/foundation/nserroruserinfokey */
+typedef NSString *NSErrorUserInfoKey;
+
+@interface NSDictionary<__covariant KeyType, __covariant ObjectType> : NSObject
+/* - (nullable ObjectType)objectForKey:(KeyType)aKey;
+ * https://developer.apple.com/documentation/foundation/nsdictionary/object(forkey:) */
+- (nullable ObjectType)objectForKey:(KeyType)aKey;
+@end
+
 @interface NSError : NSObject
+/* @property(readonly, copy) NSDictionary<NSErrorUserInfoKey, id> *userInfo;
+ * https://developer.apple.com/documentation/foundation/nserror/userinfo */
+@property (readonly, copy) NSDictionary<NSErrorUserInfoKey, id> *userInfo;
 /* @property(readonly, copy) NSString *localizedDescription;
  * https://developer.apple.com/documentation/foundation/nserror/localizeddescription */
 @property (readonly, copy) NSString *localizedDescription;

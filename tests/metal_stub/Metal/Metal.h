@@ -245,6 +245,11 @@ typedef NS_OPTIONS(NSUInteger, MTLPipelineOption) {
 /* ---- MTLCommandEncoder.h, MTLComputeCommandEncoder.h, MTLBlitCommandEncoder.h ---- */
 
 @protocol MTLCommandEncoder <NSObject>
+/* @property(nullable, copy, atomic) NSString *label;
+ * "A string that labels the command encoder"; the encoder's name in a
+ * failed command buffer's MTLCommandBufferEncoderInfo.
+ * https://developer.apple.com/documentation/metal/mtlcommandencoder/label */
+@property (nullable, copy, atomic) NSString *label;
 /* - (void)endEncoding;
  * https://developer.apple.com/documentation/metal/mtlcommandencoder/endencoding() */
 - (void)endEncoding;
@@ -320,6 +325,53 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferError) {
 	MTLCommandBufferErrorDeviceRemoved = 11
 };
 
+/* typedef NS_ENUM(NSInteger, MTLCommandEncoderErrorState): Unknown = 0,
+ * Completed = 1, Affected = 2, Pending = 3, Faulted = 4  (macOS 11;
+ * MTLCommandBuffer.h). Only the value runner.m names.
+ * https://developer.apple.com/documentation/metal/mtlcommandencodererrorstate
+ * https://developer.apple.com/documentation/metal/mtlcommandencodererrorstate/faulted */
+typedef NS_ENUM(NSInteger, MTLCommandEncoderErrorState) {
+	MTLCommandEncoderErrorStateFaulted = 4
+} API_AVAILABLE(macos(11.0));
+
+/* typedef NS_OPTIONS(NSUInteger, MTLCommandBufferErrorOption): None = 0,
+ * EncoderExecutionStatus = 1 << 0  (macOS 11; MTLCommandBuffer.h). Only the
+ * value runner.m names.
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererroroption
+ * https://developer.apple.com/documentation/metal/mtlcommandbuffererroroption/encoderexecutionstatus */
+typedef NS_OPTIONS(NSUInteger, MTLCommandBufferErrorOption) {
+	MTLCommandBufferErrorOptionEncoderExecutionStatus = 1 << 0
+} API_AVAILABLE(macos(11.0));
+
+/* @interface MTLCommandBufferDescriptor : NSObject <NSCopying>  (macOS 11)
+ * https://developer.apple.com/documentation/metal/mtlcommandbufferdescriptor */
+API_AVAILABLE(macos(11.0))
+@interface MTLCommandBufferDescriptor : NSObject
+/* @property(readwrite, nonatomic) MTLCommandBufferErrorOption errorOptions;
+ * https://developer.apple.com/documentation/metal/mtlcommandbufferdescriptor/erroroptions */
+@property (readwrite, nonatomic) MTLCommandBufferErrorOption errorOptions;
+@end
+
+/* @protocol MTLCommandBufferEncoderInfo <NSObject>  (macOS 11): one encoder
+ * of a failed command buffer created with EncoderExecutionStatus.
+ * https://developer.apple.com/documentation/metal/mtlcommandbufferencoderinfo */
+API_AVAILABLE(macos(11.0))
+@protocol MTLCommandBufferEncoderInfo <NSObject>
+/* @property(readonly, nonatomic) NSString *label;
+ * https://developer.apple.com/documentation/metal/mtlcommandbufferencoderinfo/label */
+@property (readonly, nonatomic) NSString *label;
+/* @property(readonly, nonatomic) MTLCommandEncoderErrorState errorState;
+ * https://developer.apple.com/documentation/metal/mtlcommandbufferencoderinfo/errorstate */
+@property (readonly, nonatomic) MTLCommandEncoderErrorState errorState;
+@end
+
+/* MTL_EXTERN NSErrorUserInfoKey const MTLCommandBufferEncoderInfoErrorKey;
+ * (macOS 11): in a failed command buffer's error's userInfo, "an array of
+ * MTLCommandBufferEncoderInfo" objects.
+ * https://developer.apple.com/documentation/metal/mtlcommandbufferencoderinfoerrorkey */
+API_AVAILABLE(macos(11.0))
+extern NSErrorUserInfoKey const MTLCommandBufferEncoderInfoErrorKey;
+
 @protocol MTLCommandBuffer <NSObject>
 /* @property(readonly) CFTimeInterval GPUStartTime;  (macOS 10.15)
  * https://developer.apple.com/documentation/metal/mtlcommandbuffer/gpustarttime */
@@ -356,6 +408,11 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferError) {
  * into it, including buffers, textures, samplers, and pipeline states."
  * https://developer.apple.com/documentation/metal/mtlcommandqueue/makecommandbuffer() */
 - (nullable id <MTLCommandBuffer>)commandBuffer;
+/* - (nullable id<MTLCommandBuffer>)commandBufferWithDescriptor:
+ *     (MTLCommandBufferDescriptor *)descriptor;  (macOS 11)
+ * https://developer.apple.com/documentation/metal/mtlcommandqueue/makecommandbuffer(descriptor:) */
+- (nullable id <MTLCommandBuffer>)commandBufferWithDescriptor:
+    (MTLCommandBufferDescriptor *)descriptor API_AVAILABLE(macos(11.0));
 @end
 
 /* ---- MTLDevice.h ---- */
