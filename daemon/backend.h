@@ -25,12 +25,12 @@
 
 #define BE_ERR_MAX 512
 
-/* How sessions are isolated from each other, see server.c. */
+/* How sessions are isolated from each other, see isolate.c. */
 enum be_isolation {
 	BE_ISOLATE_PROCESS = 1,	/* one forked process per session */
 	BE_ISOLATE_THREAD = 2,	/* one thread per session, one process */
 	BE_ISOLATE_SPAWN = 3	/* one process per session, a fresh one
-				 * (posix_spawn of the runner: procspawn.c) */
+				 * (posix_spawn of the runner: isolate.c) */
 };
 
 struct be_info {
@@ -94,10 +94,10 @@ struct backend {
 	const char *name;		/* "cpu", "metal" */
 	enum be_isolation isolation;	/* default isolation for this backend */
 	int no_fork;			/* device not fork-safe (Metal): process
-					 * isolation spawns (procspawn.c) */
+					 * isolation spawns (isolate.c) */
 
 	/* Open the device once; fill info. known: NULL, or what the runner's
-	 * own open filled in (a spawned session process, procspawn.c), from
+	 * own open filled in (a spawned session process, isolate.c), from
 	 * which a backend takes what it would otherwise find out at a cost
 	 * (Metal: whether source compiles here, its start-up probe). */
 	int (*open)(struct be_info *info, const char *device,
@@ -165,7 +165,7 @@ struct backend {
 	 * client why; the runner then ends every session and mr_serve()
 	 * returns -1, so that a service manager restarts the process. Only
 	 * for thread isolation: a session process's device is its own, and
-	 * its loss ends that session only (procspawn.c). */
+	 * its loss ends that session only (isolate.c). */
 	const char *(*lost)(void);
 };
 

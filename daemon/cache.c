@@ -352,7 +352,7 @@ cache_approx_fd(void)
 	return C.approx != NULL ? C.approxfd : -1;
 }
 
-/* A spawned session process (procspawn.c): the runner's store, already opened
+/* A spawned session process (isolate.c): the runner's store, already opened
  * and scanned by the runner, and its byte count (approxfd, closed here). */
 int
 cache_attach(const char *dir, uint64_t limit, int approxfd, char *err)

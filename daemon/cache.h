@@ -24,7 +24,7 @@
 int cache_open(const char *dir, uint64_t limit, uint32_t nsessions,
     char *err);
 int cache_enabled(void);
-/* Spawned session processes (procspawn.c): the descriptor of the store's
+/* Spawned session processes (isolate.c): the descriptor of the store's
  * shared byte count (-1: no cache), and the session's side, which opens
  * dir again and maps the count (approxfd is closed). */
 int cache_approx_fd(void);

@@ -40,7 +40,6 @@
 #include "confine.h"
 #include "proto.h"
 
-char confine_sigsys_text[128] = "crashed: SIGSYS";
 
 /* --user's account, looked up at start, before any session forks. */
 static const char *run_name;
@@ -155,7 +154,7 @@ switch_user(char *err)
 		return -1;
 	}
 #ifdef __linux__
-	/* Changing credentials cleared the parent-death signal server.c set;
+	/* Changing credentials cleared the parent-death signal isolate.c set;
 	 * the parent may have gone meanwhile. */
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) == -1 || getppid() == 1) {
 		snprintf(err, PROTO_ERRLEN, "the runner has gone");
@@ -264,10 +263,10 @@ on_sigsys(int sig, siginfo_t *si, void *uc)
 		num[--i] = (char)('0' + nr % 10);
 	while ((nr /= 10) != 0 && i > 0);
 	n = sizeof(pre) - 1;
-	memcpy(confine_sigsys_text, pre, n);
-	memcpy(confine_sigsys_text + n, num + i, sizeof(num) - i);
+	memcpy(sess_crash_sigsys, pre, n);
+	memcpy(sess_crash_sigsys + n, num + i, sizeof(num) - i);
 	n += sizeof(num) - i;
-	memcpy(confine_sigsys_text + n, post, sizeof(post));
+	memcpy(sess_crash_sigsys + n, post, sizeof(post));
 	/* The log says which call, even when it was the runner's own. */
 	(void)!write(STDERR_FILENO, logpre, sizeof(logpre) - 1);
 	(void)!write(STDERR_FILENO, num + i, sizeof(num) - i);

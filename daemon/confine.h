@@ -1,15 +1,12 @@
 /*
  * confine.h: confining session processes (confine.c). Private to the
- * daemon: mr_serve() checks the options at start and server.c confines
- * each session process; launch.c names a denied system call in ECRASH.
+ * daemon: mr_serve() checks the options at start and isolate.c confines
+ * each session process; crash.c names a denied system call in ECRASH.
  */
 #ifndef CONFINE_H
 #define CONFINE_H
 
 #include "metal_runner.h"
-
-/* The crash text for SIGSYS; with confinement on, it names the call. */
-extern char confine_sigsys_text[];
 
 /* At start: check --user and say how sessions are confined; -1 (with a
  * message on stderr) if the runner must not start. */

@@ -169,7 +169,7 @@ dispatch(struct session *s, const struct msg *row, const union proto_msg *m,
  * The backend lost its device for good (backend.h, lost): a final Rerror
  * says why, after the replies and errors still queued. It goes straight
  * to the socket: the runner wakes an idle session by shutting the
- * socket's receiving side (server.c), which the session takes for a
+ * socket's receiving side (isolate.c, isolate_stop), which the session takes for a
  * dropped link, while the sending side still works.
  */
 static void

@@ -194,7 +194,7 @@ mr_token_replace(const uint8_t *token, size_t len)
 	return 0;
 }
 
-/* A spawned session process (procspawn.c) is handed the token in force now:
+/* A spawned session process (isolate.c) is handed the token in force now:
  * written to fd (a pipe), which is closed. 0 or -1. */
 int
 mr_token_send(const struct mr_config *cfg, int fd)

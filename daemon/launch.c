@@ -1,6 +1,6 @@
 /*
  * launch.c: running kernels: Tlaunch, Tgraph, Tgraphrun, Tgraphfree, and
- * the report of a kernel that crashes or runs too long.
+ * arming the report of a kernel that crashes or runs too long (crash.c).
  *
  * Each launch record's handles are resolved and checked afresh at every
  * launch, so a graph never holds a pointer to a buffer freed since it was
@@ -16,17 +16,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "confine.h"
 #include "monotime.h"
 #include "session.h"
-
-/* Process isolation: a kernel that crashes or overruns its time ends its
- * session's process; the handler tells the client why first. */
-static volatile sig_atomic_t crash_armed;
-static int crash_fd = -1;
-static uint32_t crash_tag;
-static const char *crash_name;	/* the running kernel's, valid while armed */
-int sess_crash_handlers;	/* set by server.c in session processes */
 
 static int
 scratch(struct session *s, size_t nlaunch, size_t nargs)
@@ -123,79 +114,6 @@ resolve(struct session *s, uint32_t tag, const struct proto_launch *pl,
 	return 0;
 }
 
-static void
-arm_crash(struct session *s, uint32_t tag, const char *name)
-{
-	if (!sess_crash_handlers)
-		return;
-	/* A crash ends the session: whatever is queued must already be out,
-	 * so the handler's frame is the last and no error is lost. */
-	if (s->errqlen > 0 || s->dropped > 0 || s->outlen > 0) {
-		sess_drain_errors(s);
-		sess_flush(s);
-	}
-	crash_fd = s->fd;
-	crash_tag = tag;
-	crash_name = name;
-	if (s->ctx->cfg->kernel_timeout > 0)
-		alarm((unsigned)s->ctx->cfg->kernel_timeout);
-	crash_armed = 1;
-}
-
-static void
-disarm_crash(struct session *s)
-{
-	if (!sess_crash_handlers)
-		return;
-	/* Cancel the alarm first: one that fires now is still the kernel's. */
-	if (s->ctx->cfg->kernel_timeout > 0)
-		alarm(0);
-	crash_armed = 0;
-}
-
-static size_t
-append(char *buf, size_t n, size_t cap, const char *s)
-{
-	while (*s != '\0' && n < cap)
-		buf[n++] = *s++;
-	return n;
-}
-
-/* Async-signal-safe: byte copies, proto_put_rerror (byte stores and
- * memcpy), write() and _exit(). */
-void
-sess_crash_signal(int sig)
-{
-	const char *what = sig == SIGSEGV ? "crashed: SIGSEGV" :
-	    sig == SIGBUS ? "crashed: SIGBUS" : sig == SIGILL ?
-	    "crashed: SIGILL" : sig == SIGFPE ? "crashed: SIGFPE" :
-	    sig == SIGSYS ? confine_sigsys_text :
-	    sig == SIGALRM ? "ran past the runner's kernel time limit" :
-	    "crashed";
-	static char text[PROTO_MAX_ERRTEXT + 1];
-	static uint8_t frame[sizeof(struct proto_rerror) + PROTO_MAX_ERRTEXT];
-	size_t n;
-
-	/* No kernel is running: the fault is the runner's own. SA_RESETHAND
-	 * restored the default action, so die by the signal and let the
-	 * parent log it as such, not as a kernel crash. */
-	if (!crash_armed) {
-		raise(sig);
-		_exit(5);
-	}
-	if (crash_fd != -1) {
-		n = append(text, 0, PROTO_MAX_ERRTEXT, "kernel ");
-		n = append(text, n, PROTO_MAX_ERRTEXT, crash_name);
-		n = append(text, n, PROTO_MAX_ERRTEXT, " ");
-		n = append(text, n, PROTO_MAX_ERRTEXT, what);
-		text[n] = '\0';
-		n = proto_put_rerror(frame, sizeof(frame), crash_tag,
-		    sig == SIGALRM ? PROTO_ETIMEOUT : PROTO_ECRASH, text);
-		(void)!write(crash_fd, frame, n);
-	}
-	_exit(sig == SIGALRM ? SESS_EXIT_TIMEOUT : SESS_EXIT_CRASH);
-}
-
 /* A link entry, once the session's earlier work has completed; span (the
  * profile's record, or NULL) gets its start and, done, its end. */
 static int
@@ -258,16 +176,16 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	/* Only FWAIT waits: the log level never changes what runs when,
 	 * nor which request a device error is reported to. */
 	l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog, 0, 0, 0);
-	arm_crash(s, m->h.tag, name);
+	sess_crash_arm(s, m->h.tag, name);
 	if (s->be->launch(s->bs, &l, 1, wait, &ns, s->err) == -1) {
-		disarm_crash(s);
+		sess_crash_disarm(s);
 		s->dirty = 1;	/* see sess_graphrun */
 		sess_prof_drop(s, l.span != NULL);
 		sess_errorf(s, m->h.tag, PROTO_EDEVICE, "kernel %s: %s", name,
 		    s->err);
 		return wait ? sess_fail_reply(s) : -1;
 	}
-	disarm_crash(s);
+	sess_crash_disarm(s);
 	s->dirty = !wait;
 	if (wait)
 		log_debug("session %u: %-24s global (%u,%u,%u) local (%u,%u,%u) "
@@ -419,33 +337,22 @@ check_patch(struct session *s, uint32_t tag, const struct graph *g,
 	    "for entry %u", p->index, p->entry);
 }
 
-int
-sess_graphrun(struct session *s, const union proto_msg *m, const uint8_t *frame)
+/* Tgraphrun's patches into graph g, all checked before any is applied:
+ * 0, -1 a failed request (its error queued), -2 a framing error. */
+static int
+apply_patches(struct session *s, const struct proto_tgraphrun *t,
+    struct graph *g, const uint8_t *frame)
 {
-	const struct proto_tgraphrun *t = &m->tgraphrun;
-	struct graph *g = htab_get(&s->graphs, t->graph);
 	const uint8_t *body = frame + sizeof(*t);
-	size_t blen = t->h.size - sizeof(*t), nargs = 0, i, a, nprof = 0;
-	size_t start, nlinks = 0;
-	int wait = (t->h.flags & PROTO_FWAIT) != 0, last, rc;
-	int64_t t0;
+	size_t blen = t->h.size - sizeof(*t), i;
 	struct proto_patch p;
-	const char *name = "?";
-	char gname[32];
-	uint64_t ns = 0, part;
 
-	if (g == NULL) {
-		sess_errorf(s, t->h.tag, PROTO_EHANDLE,
-		    "no graph with handle %u", t->graph);
-		return wait ? sess_fail_reply(s) : -1;
-	}
-	/* All patches are checked before any is applied. */
 	for (i = 0; i < t->count; i++)
 		if (proto_get_patch(body, blen, i, &p, s->err) == -1) {
 			sess_fatal(s, t->h.tag, PROTO_EPROTO, s->err);
 			return -2;
 		} else if (check_patch(s, t->h.tag, g, &p) == -1)
-			return wait ? sess_fail_reply(s) : -1;
+			return -1;
 	for (i = 0; i < t->count; i++) {
 		struct graph_entry *e;
 		proto_get_patch(body, blen, i, &p, s->err);
@@ -460,6 +367,31 @@ sess_graphrun(struct session *s, const union proto_msg *m, const uint8_t *frame)
 		else
 			e->l.local[p.index] = (uint32_t)p.value;
 	}
+	return 0;
+}
+
+int
+sess_graphrun(struct session *s, const union proto_msg *m, const uint8_t *frame)
+{
+	const struct proto_tgraphrun *t = &m->tgraphrun;
+	struct graph *g = htab_get(&s->graphs, t->graph);
+	size_t nargs = 0, i, a, nprof = 0;
+	size_t start, nlinks = 0;
+	int wait = (t->h.flags & PROTO_FWAIT) != 0, last, rc;
+	int64_t t0;
+	const char *name = "?";
+	char gname[32];
+	uint64_t ns = 0, part;
+
+	if (g == NULL) {
+		sess_errorf(s, t->h.tag, PROTO_EHANDLE,
+		    "no graph with handle %u", t->graph);
+		return wait ? sess_fail_reply(s) : -1;
+	}
+	if ((rc = apply_patches(s, t, g, frame)) == -2)
+		return -2;
+	if (rc == -1)
+		return wait ? sess_fail_reply(s) : -1;
 	for (i = 0; i < g->count; i++)
 		nargs += g->e[i].l.nbufs;
 	if (scratch(s, g->count, nargs) == -1) {
@@ -490,10 +422,10 @@ sess_graphrun(struct session *s, const union proto_msg *m, const uint8_t *frame)
 			continue;
 		if (i > start) {
 			last = i == g->count;
-			arm_crash(s, t->h.tag, gname);
+			sess_crash_arm(s, t->h.tag, gname);
 			rc = s->be->launch(s->bs, s->launches + start,
 			    i - start, last && wait, &part, s->err);
-			disarm_crash(s);
+			sess_crash_disarm(s);
 			/* On failure the backend may have submitted some of
 			 * the kernels (backend.h): host access waits for
 			 * them. */

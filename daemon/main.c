@@ -258,7 +258,7 @@ on_listen(const char *host, int port, void *arg)
  * runner opens takes that number, and its log lines or "listening on" go
  * into it (the session table's shared memory on Linux), and on macOS every
  * session is refused: posix_spawn's inherit action fails on a closed
- * descriptor (procspawn.c). As daemon(3) does. 0, or -1 with errno.
+ * descriptor (isolate.c). As daemon(3) does. 0, or -1 with errno.
  */
 static int
 stdio_open(void)
@@ -276,57 +276,231 @@ stdio_open(void)
 	return 0;
 }
 
+/* The options, as getopt_long takes them. */
+enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
+    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
+    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
+    O_CACHESIZE, O_RGRACE, O_RLOG, O_STDIN, O_SPAWNED, O_SROUTES,
+    O_SPEER };
+static const struct option opts[] = {
+	{ "host", required_argument, NULL, 'H' },
+	{ "port", required_argument, NULL, 'p' },
+	{ "backend", required_argument, NULL, 'b' },
+	{ "device", required_argument, NULL, 'd' },
+	{ "verbose", no_argument, NULL, 'v' },
+	{ "quiet", no_argument, NULL, 'q' },
+	{ "isolation", required_argument, NULL, O_ISO },
+	{ "token-file", required_argument, NULL, O_TOKEN },
+	{ "allow-unauthenticated", no_argument, NULL, O_UNAUTH },
+	{ "max-msg", required_argument, NULL, O_MAXMSG },
+	{ "session-mem", required_argument, NULL, O_SMEM },
+	{ "total-mem", required_argument, NULL, O_TMEM },
+	{ "max-handles", required_argument, NULL, O_HANDLES },
+	{ "max-sessions", required_argument, NULL, O_SESSIONS },
+	{ "max-startups", required_argument, NULL, O_STARTUPS },
+	{ "handshake-timeout", required_argument, NULL, O_HTIME },
+	{ "resume-grace", required_argument, NULL, O_RGRACE },
+	{ "resume-log", required_argument, NULL, O_RLOG },
+	{ "frame-timeout", required_argument, NULL, O_FTIME },
+	{ "idle-timeout", required_argument, NULL, O_ITIME },
+	{ "kernel-timeout", required_argument, NULL, O_KTIME },
+	{ "user", required_argument, NULL, O_USER },
+	{ "no-confine", no_argument, NULL, O_NOCONFINE },
+	{ "advertise", optional_argument, NULL, O_ADVERTISE },
+	{ "cache-dir", required_argument, NULL, O_CACHEDIR },
+	{ "cache-size", required_argument, NULL, O_CACHESIZE },
+	{ "exit-with-stdin", no_argument, NULL, O_STDIN },
+	/* Internal: a session process the runner spawned (isolate.c). */
+	{ "session-spawn", required_argument, NULL, O_SPAWNED },
+	{ "session-routes", required_argument, NULL, O_SROUTES },
+	{ "session-peer", required_argument, NULL, O_SPEER },
+	{ "help", no_argument, NULL, 'h' },
+	{ "version", no_argument, NULL, 'V' },
+	{ NULL, 0, NULL, 0 }
+};
+
+/* What the command line says. */
+struct args {
+	struct mr_config cfg;
+	struct listen_arg la;
+	const char *token_path;
+	/* --session-spawn, --session-routes, --session-peer: isolate.c */
+	const char *spawned, *sroutes, *speer;
+	int unauth;
+};
+
+/* A limit or a size (c, its value in optarg) into a: 0, -1 a bad value, or
+ * 1 if c is not one of them. */
+static int
+limit_option(struct args *a, int c)
+{
+	uint64_t v;
+	int n;
+
+	switch (c) {
+	case O_MAXMSG:
+		if (parse_size(optarg, &v) == -1 || v < 65536 ||
+		    v > 0x7fffffff)
+			return -1;
+		a->cfg.maxmsg = (uint32_t)v;
+		return 0;
+	case O_SMEM:
+		if (parse_size(optarg, &a->cfg.session_mem) == -1)
+			return -1;
+		return 0;
+	case O_TMEM:
+		if (parse_size(optarg, &a->cfg.total_mem) == -1)
+			return -1;
+		return 0;
+	case O_HANDLES:
+		if (parse_int(optarg, 1, 1 << 30, &n) == -1)
+			return -1;
+		a->cfg.max_handles = (uint32_t)n;
+		return 0;
+	case O_SESSIONS:
+		if (parse_int(optarg, 1, 4096, &n) == -1)
+			return -1;
+		a->cfg.max_sessions = (uint32_t)n;
+		return 0;
+	case O_STARTUPS:
+		if (parse_int(optarg, 1, 4096, &n) == -1)
+			return -1;
+		a->cfg.max_startups = (uint32_t)n;
+		return 0;
+	case O_RGRACE:
+		if (parse_int(optarg, 0, 86400, &a->cfg.resume_grace) == -1)
+			return -1;
+		return 0;
+	case O_RLOG:
+		if (parse_size(optarg, &a->cfg.resume_log) == -1 ||
+		    a->cfg.resume_log < 65536 || a->cfg.resume_log > (1ULL << 32))
+			return -1;
+		return 0;
+	case O_HTIME:
+		if (parse_int(optarg, 0, 86400,
+		    &a->cfg.handshake_timeout) == -1)
+			return -1;
+		return 0;
+	case O_FTIME:
+		if (parse_int(optarg, 1, 86400, &a->cfg.frame_timeout) == -1)
+			return -1;
+		return 0;
+	case O_ITIME:
+		if (parse_int(optarg, 0, 1 << 30, &a->cfg.idle_timeout) == -1)
+			return -1;
+		return 0;
+	case O_KTIME:
+		if (parse_int(optarg, 0, 1 << 30, &a->cfg.kernel_timeout) == -1)
+			return -1;
+		return 0;
+	case O_CACHESIZE:
+		if (parse_size(optarg, &a->cfg.cache_size) == -1 ||
+		    a->cfg.cache_size < 65536)
+			return -1;
+		return 0;
+	}
+	return 1;
+}
+
+/* Option c (its value in optarg) into a: 0, -1 a bad value, or 1 + the
+ * status the program ends with at once. */
+static int
+option(struct args *a, int c)
+{
+	int rc;
+
+	if ((rc = limit_option(a, c)) != 1)
+		return rc;
+	switch (c) {
+	case 'H':
+		a->cfg.host = optarg;
+		break;
+	case 'p':
+		if (parse_int(optarg, 0, 65535, &a->cfg.port) == -1)
+			return -1;
+		break;
+	case 'b':
+		a->cfg.backend = optarg;
+		if (mr_find_backend(optarg) == NULL) {
+			fprintf(stderr, "metal_runner: no backend %s in "
+			    "this build (try cpu%s)\n", optarg,
+#ifdef MR_BACKEND_METAL
+			    " or metal"
+#else
+			    "; metal needs macOS"
+#endif
+			    );
+			return 1 + 2;
+		}
+		break;
+	case 'd':
+		a->cfg.device = optarg;
+		break;
+	case 'v':
+		a->cfg.verbose = a->cfg.verbose < 0 ? 1 : a->cfg.verbose + 1;
+		break;
+	case 'q':
+		a->cfg.verbose = -1;
+		break;
+	case O_ISO:
+		if (strcmp(optarg, "process") == 0)
+			a->cfg.isolation = BE_ISOLATE_PROCESS;
+		else if (strcmp(optarg, "thread") == 0)
+			a->cfg.isolation = BE_ISOLATE_THREAD;
+		else if (strcmp(optarg, "spawn") == 0)
+			a->cfg.isolation = BE_ISOLATE_SPAWN;
+		else
+			return -1;
+		break;
+	case O_TOKEN:
+		a->token_path = optarg;
+		break;
+	case O_UNAUTH:
+		a->unauth = 1;
+		break;
+	case O_USER:
+		a->cfg.user = optarg;
+		break;
+	case O_NOCONFINE:
+		a->cfg.no_confine = 1;
+		break;
+	case O_ADVERTISE:
+		a->la.advertise = optarg != NULL ? optarg : "";
+		break;
+	case O_CACHEDIR:
+		a->cfg.cache_dir = optarg;
+		break;
+	case O_STDIN:
+		a->cfg.watch_stdin = 1;
+		break;
+	case O_SPAWNED:
+		a->spawned = optarg;
+		break;
+	case O_SROUTES:
+		a->sroutes = optarg;
+		break;
+	case O_SPEER:
+		a->speer = optarg;
+		break;
+	case 'h':
+		usage(stdout);
+		return 1 + 0;
+	case 'V':
+		printf("metal_runner %s (protocol version 1)\n",
+		    MR_VERSION);
+		return 1 + 0;
+	default:
+		return 1 + usage_error();
+	}
+	return 0;
+}
+
 int
 main(int argc, char **argv)
 {
-	enum { O_ISO = 256, O_TOKEN, O_UNAUTH, O_MAXMSG, O_SMEM, O_TMEM,
-	    O_HANDLES, O_SESSIONS, O_FTIME, O_ITIME, O_KTIME, O_STARTUPS,
-	    O_HTIME, O_USER, O_NOCONFINE, O_ADVERTISE, O_CACHEDIR,
-	    O_CACHESIZE, O_RGRACE, O_RLOG, O_STDIN, O_SPAWNED, O_SROUTES,
-	    O_SPEER };
-	static const struct option opts[] = {
-		{ "host", required_argument, NULL, 'H' },
-		{ "port", required_argument, NULL, 'p' },
-		{ "backend", required_argument, NULL, 'b' },
-		{ "device", required_argument, NULL, 'd' },
-		{ "verbose", no_argument, NULL, 'v' },
-		{ "quiet", no_argument, NULL, 'q' },
-		{ "isolation", required_argument, NULL, O_ISO },
-		{ "token-file", required_argument, NULL, O_TOKEN },
-		{ "allow-unauthenticated", no_argument, NULL, O_UNAUTH },
-		{ "max-msg", required_argument, NULL, O_MAXMSG },
-		{ "session-mem", required_argument, NULL, O_SMEM },
-		{ "total-mem", required_argument, NULL, O_TMEM },
-		{ "max-handles", required_argument, NULL, O_HANDLES },
-		{ "max-sessions", required_argument, NULL, O_SESSIONS },
-		{ "max-startups", required_argument, NULL, O_STARTUPS },
-		{ "handshake-timeout", required_argument, NULL, O_HTIME },
-		{ "resume-grace", required_argument, NULL, O_RGRACE },
-		{ "resume-log", required_argument, NULL, O_RLOG },
-		{ "frame-timeout", required_argument, NULL, O_FTIME },
-		{ "idle-timeout", required_argument, NULL, O_ITIME },
-		{ "kernel-timeout", required_argument, NULL, O_KTIME },
-		{ "user", required_argument, NULL, O_USER },
-		{ "no-confine", no_argument, NULL, O_NOCONFINE },
-		{ "advertise", optional_argument, NULL, O_ADVERTISE },
-		{ "cache-dir", required_argument, NULL, O_CACHEDIR },
-		{ "cache-size", required_argument, NULL, O_CACHESIZE },
-		{ "exit-with-stdin", no_argument, NULL, O_STDIN },
-		/* Internal: a session process the runner spawned (procspawn.c). */
-		{ "session-spawn", required_argument, NULL, O_SPAWNED },
-		{ "session-routes", required_argument, NULL, O_SROUTES },
-		{ "session-peer", required_argument, NULL, O_SPEER },
-		{ "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, 'V' },
-		{ NULL, 0, NULL, 0 }
-	};
-	struct mr_config cfg;
-	struct listen_arg la = { NULL, NULL, 0, 0 };
+	struct args a;
 	char err[512];
-	uint64_t v;
-	int c, n, rc, li, unauth = 0;
-	const char *token_path = NULL, *spawned = NULL, *sroutes = "-";
-	const char *speer = "?";
+	int c, li, rc;
 	uint8_t *token = NULL;
 
 	if (stdio_open() == -1) {
@@ -334,153 +508,18 @@ main(int argc, char **argv)
 		    "a closed stdin, stdout or stderr: %s\n", strerror(errno));
 		return 1;
 	}
-	mr_config_defaults(&cfg);
-	cfg.on_listen = on_listen;
-	cfg.on_listen_arg = &la;
+	memset(&a, 0, sizeof(a));
+	mr_config_defaults(&a.cfg);
+	a.sroutes = "-";
+	a.speer = "?";
+	a.cfg.on_listen = on_listen;
+	a.cfg.on_listen_arg = &a.la;
 	while ((li = -1, c = getopt_long(argc, argv, "H:p:b:d:vqhV", opts,
-	    &li)) != -1) {
-		switch (c) {
-		case 'H':
-			cfg.host = optarg;
-			break;
-		case 'p':
-			if (parse_int(optarg, 0, 65535, &cfg.port) == -1)
-				goto bad;
-			break;
-		case 'b':
-			cfg.backend = optarg;
-			if (mr_find_backend(optarg) == NULL) {
-				fprintf(stderr, "metal_runner: no backend %s in "
-				    "this build (try cpu%s)\n", optarg,
-#ifdef MR_BACKEND_METAL
-				    " or metal"
-#else
-				    "; metal needs macOS"
-#endif
-				    );
-				return 2;
-			}
-			break;
-		case 'd':
-			cfg.device = optarg;
-			break;
-		case 'v':
-			cfg.verbose = cfg.verbose < 0 ? 1 : cfg.verbose + 1;
-			break;
-		case 'q':
-			cfg.verbose = -1;
-			break;
-		case O_ISO:
-			if (strcmp(optarg, "process") == 0)
-				cfg.isolation = BE_ISOLATE_PROCESS;
-			else if (strcmp(optarg, "thread") == 0)
-				cfg.isolation = BE_ISOLATE_THREAD;
-			else if (strcmp(optarg, "spawn") == 0)
-				cfg.isolation = BE_ISOLATE_SPAWN;
-			else
-				goto bad;
-			break;
-		case O_TOKEN:
-			token_path = optarg;
-			break;
-		case O_UNAUTH:
-			unauth = 1;
-			break;
-		case O_MAXMSG:
-			if (parse_size(optarg, &v) == -1 || v < 65536 ||
-			    v > 0x7fffffff)
-				goto bad;
-			cfg.maxmsg = (uint32_t)v;
-			break;
-		case O_SMEM:
-			if (parse_size(optarg, &cfg.session_mem) == -1)
-				goto bad;
-			break;
-		case O_TMEM:
-			if (parse_size(optarg, &cfg.total_mem) == -1)
-				goto bad;
-			break;
-		case O_HANDLES:
-			if (parse_int(optarg, 1, 1 << 30, &n) == -1)
-				goto bad;
-			cfg.max_handles = (uint32_t)n;
-			break;
-		case O_SESSIONS:
-			if (parse_int(optarg, 1, 4096, &n) == -1)
-				goto bad;
-			cfg.max_sessions = (uint32_t)n;
-			break;
-		case O_STARTUPS:
-			if (parse_int(optarg, 1, 4096, &n) == -1)
-				goto bad;
-			cfg.max_startups = (uint32_t)n;
-			break;
-		case O_RGRACE:
-			if (parse_int(optarg, 0, 86400, &cfg.resume_grace) == -1)
-				goto bad;
-			break;
-		case O_RLOG:
-			if (parse_size(optarg, &cfg.resume_log) == -1 ||
-			    cfg.resume_log < 65536 || cfg.resume_log > (1ULL << 32))
-				goto bad;
-			break;
-		case O_HTIME:
-			if (parse_int(optarg, 0, 86400,
-			    &cfg.handshake_timeout) == -1)
-				goto bad;
-			break;
-		case O_FTIME:
-			if (parse_int(optarg, 1, 86400, &cfg.frame_timeout) == -1)
-				goto bad;
-			break;
-		case O_ITIME:
-			if (parse_int(optarg, 0, 1 << 30, &cfg.idle_timeout) == -1)
-				goto bad;
-			break;
-		case O_KTIME:
-			if (parse_int(optarg, 0, 1 << 30, &cfg.kernel_timeout) == -1)
-				goto bad;
-			break;
-		case O_USER:
-			cfg.user = optarg;
-			break;
-		case O_NOCONFINE:
-			cfg.no_confine = 1;
-			break;
-		case O_ADVERTISE:
-			la.advertise = optarg != NULL ? optarg : "";
-			break;
-		case O_CACHEDIR:
-			cfg.cache_dir = optarg;
-			break;
-		case O_STDIN:
-			cfg.watch_stdin = 1;
-			break;
-		case O_SPAWNED:
-			spawned = optarg;
-			break;
-		case O_SROUTES:
-			sroutes = optarg;
-			break;
-		case O_SPEER:
-			speer = optarg;
-			break;
-		case O_CACHESIZE:
-			if (parse_size(optarg, &cfg.cache_size) == -1 ||
-			    cfg.cache_size < 65536)
-				goto bad;
-			break;
-		case 'h':
-			usage(stdout);
-			return 0;
-		case 'V':
-			printf("metal_runner %s (protocol version 1)\n",
-			    MR_VERSION);
-			return 0;
-		default:
-			return usage_error();
-		}
-	}
+	    &li)) != -1)
+		if ((rc = option(&a, c)) == -1)
+			goto bad;
+		else if (rc > 0)
+			return rc - 1;
 	if (optind < argc) {
 		fprintf(stderr, "metal_runner: unexpected argument %s\n",
 		    argv[optind]);
@@ -488,24 +527,24 @@ main(int argc, char **argv)
 	}
 	/* A session process is handed the token in force instead (the file
 	 * may have changed, or gone, since the runner read it). */
-	if (token_path != NULL && spawned == NULL &&
-	    (token = read_token(token_path, &cfg.tokenlen,
+	if (a.token_path != NULL && a.spawned == NULL &&
+	    (token = read_token(a.token_path, &a.cfg.tokenlen,
 	    err, sizeof(err))) == NULL) {
 		log_error("%s", err);
 		return 1;
 	}
-	cfg.token = token;
+	a.cfg.token = token;
 	/* A session process: the same configuration, one connection. */
-	if (spawned != NULL)
-		mr_spawned_session(&cfg, spawned, sroutes, speer);
-	if (la.advertise != NULL) {
+	if (a.spawned != NULL)
+		mr_spawned_session(&a.cfg, a.spawned, a.sroutes, a.speer);
+	if (a.la.advertise != NULL) {
 		/* An advertisement invites strangers: only with a token, unless
 		 * only this machine can connect. */
-		if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
+		if (a.cfg.token == NULL && !net_is_loopback(a.cfg.host)) {
 			fprintf(stderr, "metal_runner: refusing to --advertise a "
 			    "runner on %s without --token-file: anyone on the "
 			    "network who finds it could run any code on this "
-			    "machine\n", cfg.host);
+			    "machine\n", a.cfg.host);
 			return 1;
 		}
 		if (!adv_available) {
@@ -513,27 +552,27 @@ main(int argc, char **argv)
 			    adv_missing);
 			return 1;
 		}
-		la.backend = mr_find_backend(cfg.backend)->name;
-		la.auth = cfg.token != NULL;
+		a.la.backend = mr_find_backend(a.cfg.backend)->name;
+		a.la.auth = a.cfg.token != NULL;
 	}
-	if (cfg.token == NULL && !net_is_loopback(cfg.host)) {
-		if (!unauth) {
+	if (a.cfg.token == NULL && !net_is_loopback(a.cfg.host)) {
+		if (!a.unauth) {
 			fprintf(stderr, "metal_runner: refusing to listen on %s "
 			    "without --token-file: anyone who can connect could "
 			    "run any code on this machine. Pass "
 			    "--allow-unauthenticated to accept that.\n",
-			    cfg.host);
+			    a.cfg.host);
 			return 1;
 		}
 		fprintf(stderr, "metal_runner: WARNING: listening on %s with no "
 		    "authentication; anyone who can reach this port can run "
-		    "code here\n", cfg.host);
+		    "code here\n", a.cfg.host);
 	}
-	cfg.on_hup = on_hup;
-	cfg.on_hup_arg = (void *)token_path;
-	cfg.argv = argv;
-	cfg.argc = argc;
-	rc = mr_serve(&cfg) == 0 && !la.failed ? 0 : 1;
+	a.cfg.on_hup = on_hup;
+	a.cfg.on_hup_arg = (void *)a.token_path;
+	a.cfg.argv = argv;
+	a.cfg.argc = argc;
+	rc = mr_serve(&a.cfg) == 0 && !a.la.failed ? 0 : 1;
 	free(token);
 	return rc;
 bad:

@@ -52,7 +52,7 @@ struct mr_config {
 					 * program that started the runner holds
 					 * the pipe's other end) */
 	/* The runner's command line, which a spawned session process
-	 * (procspawn.c) is started with to read the same configuration; NULL:
+	 * (isolate.c) is started with to read the same configuration; NULL:
 	 * no spawned sessions (an embedding program: use fork or threads). */
 	char *const *argv;
 	int argc;
@@ -65,9 +65,14 @@ struct mr_config {
 	void *on_hup_arg;
 };
 
-/* server.c */
+/* config.c: the defaults, the backends this build has (NULL: the first),
+ * and the isolation cfg asks of be (spawn where be cannot fork). */
 void mr_config_defaults(struct mr_config *cfg);
 const struct backend *mr_find_backend(const char *name);
+enum be_isolation mr_isolation(const struct mr_config *cfg,
+    const struct backend *be);
+
+/* server.c */
 /* Serve until mr_stop() or SIGINT/SIGTERM; 0 on a clean stop, -1 on error,
  * which includes a device the backend lost for good (backend.h, lost: the
  * runner then ends every session, telling each client why).
@@ -75,7 +80,7 @@ const struct backend *mr_find_backend(const char *name);
  * for the whole process (examples/embed/appliance.c shows a program that
  * takes the signals itself). It may be called again once it has returned. */
 int mr_serve(const struct mr_config *cfg);
-/* Stop mr_serve(); from any thread or a signal handler. A stop that comes
+/* config.c: stop mr_serve(); from any thread or a signal handler. A stop that comes
  * before mr_serve() ends it as it starts. Sessions end at once, but
  * mr_serve() returns only when the last one has: a session process still
  * running a kernel 5 s later is killed, a session thread (which cannot be
@@ -104,20 +109,17 @@ void mr_log_handshake_flush(void);
 
 /* handshake.c */
 /* The longest token: a spawned session process reads it from a pipe into a
- * buffer of this size (procspawn.c). */
+ * buffer of this size (isolate.c). */
 #define MR_TOKEN_MAX 4096
 /* Replace the token (a copy is kept) for every Tauth from now on, in this
  * process and in session processes forked later; cfg->token must be set.
  * 0, or -1 with nothing changed (no memory, len 0 or more than
  * MR_TOKEN_MAX). Thread-safe. */
 int mr_token_replace(const uint8_t *token, size_t len);
-/* Write the token in force to fd, and close it: 0 or -1 (procspawn.c). */
+/* Write the token in force to fd, and close it: 0 or -1 (isolate.c). */
 int mr_token_send(const struct mr_config *cfg, int fd);
 
-/* server.c: the isolation cfg asks of be (spawn where be cannot fork). */
-enum be_isolation mr_isolation(const struct mr_config *cfg,
-    const struct backend *be);
-/* procspawn.c: main() of a spawned session process, given the internal
+/* isolate.c: main() of a spawned session process, given the internal
  * options --session-spawn SPEC, --session-routes IDS and --session-peer
  * ADDR that the runner started it with; it does not return. */
 void mr_spawned_session(struct mr_config *cfg, const char *spec,
@@ -133,10 +135,14 @@ struct mr_server_ctx {
 void sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
     const char *peer);
 
-/* launch.c */
-/* Process isolation: the handler for a crashing or overrunning kernel. */
+/* crash.c */
+/* Process isolation: the handler for a crashing or overrunning kernel,
+ * installed in a session process; the text it sends for SIGSYS (confine.c
+ * names the denied call in it). */
 extern int sess_crash_handlers;
+extern char sess_crash_sigsys[128];
 void sess_crash_signal(int sig);
+void sess_crash_install(void);
 
 /* net.c */
 int net_listen(const char *host, int port, int *bound_port, char *err);

@@ -166,7 +166,7 @@ peer_forget(void)
 	}
 }
 
-/* The runner, spawning slot's session process (procspawn.c): slot's own end,
+/* The runner, spawning slot's session process (isolate.c): slot's own end,
  * and every inbox's write end with its session, for a connection that
  * turns out to be a peer; at most max. Returns how many write ends. */
 int

@@ -27,7 +27,7 @@
 #include "metal_runner.h"
 #include "proto.h"
 
-/* How a session process ends, for the runner's log (server.c, reap). */
+/* How a session process ends, for the runner's log (isolate.c, isolate_reap). */
 enum {
 	SESS_EXIT_CRASH = 3,	/* a kernel crashed (launch.c) */
 	SESS_EXIT_TIMEOUT = 4,	/* a kernel ran past the time limit */
@@ -213,6 +213,10 @@ sess_handler sess_graphrun;
 sess_handler sess_graphfree;
 void sess_release_graph(void *v, void *arg);	/* htab_clear callback */
 
+/* crash.c: around a kernel run in a session process (no-ops elsewhere) */
+void sess_crash_arm(struct session *s, uint32_t tag, const char *name);
+void sess_crash_disarm(struct session *s);
+
 /* cachereq.c */
 sess_handler sess_have;
 sess_handler sess_writehash;
@@ -344,7 +348,7 @@ int peer_recv_all(int fd, void *buf, size_t n);
 int peer_broker_start(const struct mr_config *cfg, char *err);
 void peer_broker_stop(void);
 int peer_broker_attach(char *err);
-/* Spawned session processes (procspawn.c): the broker's socket to hand down,
+/* Spawned session processes (isolate.c): the broker's socket to hand down,
  * or -1; and the session's side, which takes it. */
 int peer_broker_fd(void);
 void peer_broker_adopt(int fd);

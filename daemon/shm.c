@@ -2,7 +2,7 @@
  * shm.c: the one place that picks how shared memory is made. The session
  * table (slots.c) and the cache's byte count (cache.c) are shared by every
  * session process; a forked process inherits a MAP_ANON mapping, but a
- * spawned one (procspawn.c) starts with none, so the memory must be a
+ * spawned one (isolate.c) starts with none, so the memory must be a
  * descriptor it can be handed: memfd_create on Linux, elsewhere a POSIX
  * shared memory object whose name is gone before anyone else could open
  * it.

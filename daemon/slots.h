@@ -36,7 +36,7 @@ struct slot {
 /* Map the table: nsessions sessions and nstartups connections in their
  * handshake, limit bytes of buffers for all. */
 int slot_init(uint32_t nsessions, uint32_t nstartups, uint64_t limit);
-/* Spawned session processes (procspawn.c): the table's descriptor, and the
+/* Spawned session processes (isolate.c): the table's descriptor, and the
  * table mapped from it in the session (fd is closed). */
 int slot_fd(void);
 int slot_attach(int fd);

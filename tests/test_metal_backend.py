@@ -245,7 +245,7 @@ def test_fault_ends_only_that_command_buffer(metal_addr, c, emulator_only):
   launched(other, 5, [(1, 0), (2, 0)], g=(16, 1, 1))
   other.close()
 
-# *** defect c: Metal is not fork-safe, so process isolation spawns a fresh runner process per session (daemon/procspawn.c; the
+# *** defect c: Metal is not fork-safe, so process isolation spawns a fresh runner process per session (daemon/isolate.c; the
 # sessions' independence is tests/test_metal_isolation.py)
 
 def test_process_isolation_spawns(metal_addr):
