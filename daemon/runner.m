@@ -7,7 +7,9 @@
  * GPU; .github/workflows/macos.yml is where it first meets one.
  *
  * Shape (models: llama.cpp's ggml-metal, Apple's MetalComputeBasic): one
- * device, opened once per process; one command queue per session;
+ * device per process (the runner's own process lets go of it after
+ * open's probe, and with thread isolation takes it again for its first
+ * session: mtl_dev_get); one command queue per session;
  * pipelines compiled once per process and cached by the SHA-256 of (kind,
  * name, data): across sessions with --isolation thread, while a spawned
  * session's process starts with none and compiles each program again.
@@ -120,6 +122,10 @@ struct be_program {
 	/* Buffer i's offset must be a multiple of align[i] (backend.h). */
 	uint32_t align[MTL_MAX_ARGS];
 	char name[PROTO_MAX_NAME + 1];
+	/* Owned, or nil: "kernel NAME", the label of the compute encoder of
+	 * each launch of it alone, by which a failed command buffer's error
+	 * names the kernel that faulted (mtl_faulted). */
+	NSString *label;
 };
 
 struct be_buffer {
@@ -135,6 +141,11 @@ struct be_buffer {
 
 struct be_session {
 	id <MTLCommandQueue> queue;	/* owned */
+	/* Owned, or nil before macOS 11: an MTLCommandBufferDescriptor with
+	 * MTLCommandBufferErrorOptionEncoderExecutionStatus, from which every
+	 * command buffer is made, so that a failed one says which encoder
+	 * faulted (mtl_faulted). Typed id: the class is macOS 11's. */
+	id desc;
 	id <MTLCommandBuffer> open;	/* owned; being encoded, not committed */
 	size_t nopen;			/* commands encoded into open */
 	uint64_t seq;			/* command buffers started, numbered
@@ -154,7 +165,13 @@ struct be_session {
 	unsigned compiled, reused;
 };
 
-static id <MTLDevice> mtl_dev;		/* owned; read-only after open */
+/* owned. Set by open; in the runner's own process (no known info: not a
+ * spawned session) released again once open has learnt what Rhello says,
+ * and set again, under mtl_lock, by the first session_open (thread
+ * isolation): mtl_dev_get. Read-only while any session is open. */
+static id <MTLDevice> mtl_dev;
+/* The device open was asked for (--device), to take it again. */
+static char mtl_devspec[16];
 /* The runner's macOS, major, minor, patch (mtl_os_read); read-only after
  * open. */
 static int mtl_os[3];
@@ -239,12 +256,52 @@ mtl_nserr(char *err, const char *what, NSError *e)
  * domain is MTLCommandBufferErrorDomain ([cb error]), so its code is one
  * of MTLCommandBufferError's.
  */
+/*
+ * The label of the encoder that faulted, from a failed command buffer's
+ * error (macOS 11: the command buffer was made with EncoderExecutionStatus;
+ * userInfo's MTLCommandBufferEncoderInfoErrorKey is "an array of
+ * MTLCommandBufferEncoderInfo", one per encoder, each with its label and
+ * errorState), as " in LABEL" into out: " in kernel NAME" for a launch,
+ * " in a graph of N kernels: ..." for a graph's one pass, " in a copy" for
+ * a blit (unlabelled). "" when Metal names no encoder as the cause (a
+ * failure injected whole, a GPU already lost, a macOS before 11). So in a
+ * batch of MTL_BATCH launches the one whose kernel faulted is named.
+ */
 static void
-mtl_cberr(char *err, const char *what, id <MTLCommandBuffer> cb)
+mtl_faulted(NSError *e, char *out, size_t len)
+{
+	NSArray<id <MTLCommandBufferEncoderInfo>> *all;
+	id <MTLCommandBufferEncoderInfo> x;
+	NSUInteger i, n;
+	const char *l;
+
+	out[0] = '\0';
+	if (e == nil)
+		return;
+	if (@available(macOS 11.0, *)) {
+		all = [[e userInfo]
+		    objectForKey:MTLCommandBufferEncoderInfoErrorKey];
+		for (i = 0, n = all != nil ? [all count] : 0; i < n; i++) {
+			x = [all objectAtIndex:i];
+			if ([x errorState] != MTLCommandEncoderErrorStateFaulted)
+				continue;
+			l = [x label] != nil ? [[x label] UTF8String] : NULL;
+			snprintf(out, len, " in %s", l != NULL && *l != '\0' ?
+			    l : "a copy");
+			return;
+		}
+	}
+}
+
+static void
+mtl_cberr(char *err, const char *what0, id <MTLCommandBuffer> cb)
 {
 	NSError *e = [cb error];
 	const char *name, *text = NULL;
+	char what[PROTO_MAX_NAME + 128], in[PROTO_MAX_NAME + 64];
 
+	mtl_faulted(e, in, sizeof(in));
+	snprintf(what, sizeof(what), "%s%s", what0, in);
 	switch (e != nil ? (NSUInteger)[e code] : 0) {
 	case MTLCommandBufferErrorAccessRevoked:
 		name = "MTLCommandBufferErrorAccessRevoked (4)";
@@ -845,49 +902,91 @@ mtl_pick(NSArray<id <MTLDevice>> *all)
 	return n > 0 ? [[all objectAtIndex:0] retain] : nil;
 }
 
-static int
-mtl_open_body(struct be_info *info, const char *device,
-    const struct be_info *known, char *err)
+/* The device named by device (NULL or "": the system's default, else a
+ * number), retained for the caller, or nil with err set. */
+static id <MTLDevice>
+mtl_device(const char *device, char *err)
 {
 	NSArray<id <MTLDevice>> *all = nil;
+	id <MTLDevice> dev = nil;
 	unsigned long idx = 0;
-	const char *p, *name;
-	char *why = NULL;
+	const char *p;
 
 	if (device == NULL || *device == '\0') {
 		/* Take the system's default GPU. */
-		mtl_dev = MTLCreateSystemDefaultDevice();
-		if (mtl_dev == nil) {
+		dev = MTLCreateSystemDefaultDevice();
+		if (dev == nil) {
 			/* A command-line tool gets no default device unless it
 			 * links CoreGraphics: choose among those listed. */
 			all = MTLCopyAllDevices();
-			mtl_dev = mtl_pick(all);
+			dev = mtl_pick(all);
 		}
-		if (mtl_dev == nil) {
+		if (dev == nil)
 			mtl_seterr(err, "no Metal device found");
-			goto fail;
-		}
 	} else {
 		/* A decimal index into the devices Metal lists. */
 		for (p = device; *p != '\0'; p++) {
 			if (*p < '0' || *p > '9' || p - device >= 9) {
 				mtl_seterr(err, "Metal device \"%s\" is not a "
 				    "device number (0, 1, ...)", device);
-				goto fail;
+				return nil;
 			}
 			idx = idx * 10 + (unsigned long)(*p - '0');
 		}
 		all = MTLCopyAllDevices();
-		if (idx >= [all count]) {
+		if (idx >= [all count])
 			mtl_seterr(err, "Metal device %lu does not exist: this "
 			    "Mac has %lu, numbered from 0", idx,
 			    (unsigned long)[all count]);
-			goto fail;
-		}
-		mtl_dev = [[all objectAtIndex:idx] retain];
+		else
+			dev = [[all objectAtIndex:idx] retain];
 	}
 	[all release];
-	all = nil;
+	return dev;
+}
+
+/*
+ * The device, taken again if open released it (the runner's own process,
+ * thread isolation: its first session). The runner's process releases it
+ * after open because with process isolation, the default, it never uses
+ * it: each session's spawned process opens its own. Kept, the device
+ * object keeps the GPU in use by the runner for as long as it serves, and
+ * on a dual-GPU Intel MacBook that keeps the discrete GPU powered (the
+ * system powers it while a process holds it: Apple, "GPU selection in
+ * macOS"). With thread isolation the first session takes it again and it
+ * is kept from then on, with the pipeline cache that belongs to it. The
+ * same choice (--device) is made as at open, as a spawned session makes
+ * it; a Mac whose GPUs changed in between may give another (the session
+ * then uses that one).
+ */
+static int
+mtl_dev_get(char *err)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&mtl_lock);
+	if (mtl_dev == nil && (mtl_dev = mtl_device(mtl_devspec, err)) == nil)
+		r = -1;
+	pthread_mutex_unlock(&mtl_lock);
+	return r;
+}
+
+static int
+mtl_open_body(struct be_info *info, const char *device,
+    const struct be_info *known, char *err)
+{
+	const char *name;
+	char *why = NULL;
+
+	if (device != NULL && strlen(device) >= sizeof(mtl_devspec)) {
+		mtl_seterr(err, "Metal device \"%s\" is not a device number "
+		    "(0, 1, ...)", device);
+		goto fail;
+	}
+	snprintf(mtl_devspec, sizeof(mtl_devspec), "%s",
+	    device != NULL ? device : "");
+	if ((mtl_dev = mtl_device(device, err)) == nil)
+		goto fail;
 
 #ifdef __APPLE__
 	/* Ticks to ns, for the profile clock (mtl_now_ns). */
@@ -944,10 +1043,16 @@ mtl_open_body(struct be_info *info, const char *device,
 		    why != NULL ? why : "Metal compile failed: out of memory");
 		free(why);
 	}
+	if (known == NULL) {
+		/* The runner's own process: let go of the GPU until a session
+		 * of its own needs it (mtl_dev_get); the probe's pipeline is
+		 * released already. */
+		[mtl_dev release];
+		mtl_dev = nil;
+	}
 	return 0;
 
 fail:
-	[all release];
 	[mtl_dev release];
 	mtl_dev = nil;
 	return -1;
@@ -1090,7 +1195,16 @@ mtl_cmdbuf(struct be_session *s, char *err)
 	if (s->open != nil)
 		return s->open;
 	/* Start a command buffer; it keeps what it uses alive until done. */
-	cb = [s->queue commandBuffer];
+	cb = nil;
+	if (@available(macOS 11.0, *)) {
+		/* With each encoder's status kept for a failure. */
+		if (s->desc != nil)
+			cb = [s->queue commandBufferWithDescriptor:
+			    (MTLCommandBufferDescriptor *)s->desc];
+		else
+			cb = [s->queue commandBuffer];
+	} else
+		cb = [s->queue commandBuffer];
 	if (cb == nil) {
 		fprintf(stderr, "%s: commandBuffer returned nil\n", __func__);
 		mtl_seterr(err, "Metal could not create a command buffer");
@@ -1108,6 +1222,8 @@ mtl_session_open_body(char *err)
 {
 	struct be_session *s;
 
+	if (mtl_dev_get(err) == -1)
+		return NULL;
 	if ((s = calloc(1, sizeof(*s))) == NULL) {
 		mtl_seterr(err, "out of memory");
 		return NULL;
@@ -1128,6 +1244,20 @@ mtl_session_open_body(char *err)
 		mtl_seterr(err, "Metal could not create a command queue");
 		free(s);
 		return NULL;
+	}
+	if (@available(macOS 11.0, *)) {
+		MTLCommandBufferDescriptor *d;
+
+		/* Command buffers that keep each encoder's execution status
+		 * for their error, so that the text of a failure in a batch
+		 * names the kernel (mtl_faulted). Apple presents this as
+		 * light enough to leave on in a shipping app (WWDC 2020,
+		 * "Debug GPU-side errors in Metal"); its cost here has not
+		 * been measured on a Mac. Without it (nil) plain ones. */
+		if ((d = [[MTLCommandBufferDescriptor alloc] init]) != nil)
+			d.errorOptions =
+			    MTLCommandBufferErrorOptionEncoderExecutionStatus;
+		s->desc = d;
 	}
 	return s;
 }
@@ -1152,6 +1282,7 @@ mtl_session_close(struct be_session *s)
 		    "the pipeline cache", s->compiled, s->reused);
 	@autoreleasepool {
 		mtl_drain(s);
+		[s->desc release];
 		[s->queue release];
 	}
 	free(s);
@@ -1530,6 +1661,13 @@ mtl_load_body(const struct be_program_desc *d, char *err, char **longerr,
 	prog->nvals = d->nvals;
 	prog->wide = d->entry;
 	snprintf(prog->name, sizeof(prog->name), "%s", d->name);
+	/* Its encoders' label; a name that is not UTF-8 leaves none. */
+	if ((key = malloc(namelen + 8)) != NULL) {
+		snprintf((char *)key, namelen + 8, "kernel %s", d->name);
+		prog->label = [[NSString alloc] initWithBytes:key
+		    length:namelen + 7 encoding:NSUTF8StringEncoding];
+		free(key);
+	}
 	return prog;
 
 fail:
@@ -1561,6 +1699,7 @@ mtl_unload(struct be_session *s, struct be_program *prog)
 {
 	(void)s;
 	mtl_unref(prog->pipe);
+	[prog->label release];
 	free(prog);
 }
 
@@ -1662,6 +1801,40 @@ mtl_used(struct be_session *s, const struct be_launch *l)
 	}
 }
 
+/*
+ * The label of a pass of n launches: its kernel's (n 1), else "a graph of
+ * N kernels: a, b, ..." (Metal names a faulting encoder, not the dispatch
+ * in it that faulted, so a graph's failure names all its kernels, cut at
+ * about 400 bytes).
+ */
+static void
+mtl_label(id <MTLComputeCommandEncoder> enc, const struct be_launch *l,
+    size_t n)
+{
+	char buf[448];
+	NSString *label;
+	size_t i, k;
+
+	if (n == 1) {
+		[enc setLabel:l[0].prog->label];
+		return;
+	}
+	k = (size_t)snprintf(buf, sizeof(buf), "a graph of %zu kernels:", n);
+	for (i = 0; i < n && k < 400; i++)
+		k += (size_t)snprintf(buf + k, sizeof(buf) - k, "%s %s",
+		    i > 0 ? "," : "", l[i].prog->name);
+	if (i < n && k < sizeof(buf) - 8)
+		k += (size_t)snprintf(buf + k, sizeof(buf) - k, ", ...");
+	if (k >= sizeof(buf))
+		k = sizeof(buf) - 1;
+	buf[k] = '\0';
+	mtl_trim_utf8(buf);
+	label = [[NSString alloc] initWithBytes:buf length:strlen(buf)
+	    encoding:NSUTF8StringEncoding];
+	[enc setLabel:label];
+	[label release];
+}
+
 /* Start a compute pass in cb. */
 static id <MTLComputeCommandEncoder>
 mtl_pass(id <MTLCommandBuffer> cb, char *err)
@@ -1712,6 +1885,8 @@ mtl_launch_each(struct be_session *s, const struct be_launch *l, size_t n,
 				mtl_drain(s);
 			goto done;
 		}
+		/* Name the pass after its kernel. */
+		[enc setLabel:l[i].prog->label];
 		mtl_encode(enc, &l[i]);
 		mtl_used(s, &l[i]);
 		/* End the compute pass. */
@@ -1788,6 +1963,8 @@ mtl_launch_body(struct be_session *s, const struct be_launch *l, size_t n,
 	 */
 	if ((enc = mtl_pass(cb, err)) == nil)
 		return -1;
+	/* Name the pass after its kernel, or a graph's after its kernels. */
+	mtl_label(enc, l, n);
 	for (i = 0; i < n; i++) {
 		mtl_encode(enc, &l[i]);
 		mtl_used(s, &l[i]);

@@ -170,3 +170,29 @@ def test_spawned_sessions_take_the_runners_probe_instead_of_compiling_it_again(c
     assert (compiles, probes) == ((3, 0) if compiler else (0, 1)), log   # the runner's probe, then one add1 per session
   finally:
     r.stop()
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_the_runner_lets_go_of_the_gpu_its_sessions_do_not_use(iso):
+  # issue 35 item 3: with process isolation the runner's own process opens the device only to learn what Rhello says (and to
+  # compile its probe); every session's process opens its own. Holding it for nothing keeps a dual-GPU Intel MacBook's
+  # discrete GPU powered while the runner serves. It is released after the probe; with thread isolation the first session
+  # takes it again and the process keeps it. METAL_EMU_DEVICES=2 is the dual-GPU Mac (device 1 the discrete, the system
+  # default); the emulator logs in which process each device is taken and when the last reference to it goes
+  needs_own_metal_runner()
+  r = metal_runner_proc("--isolation", iso, env={"METAL_EMU_DEVICES": "2"})
+  try:
+    pid = r.proc.pid
+    taken, released = f"(device 1 taken in process {pid})", f"device 1 released in process {pid}:"
+    log = r.log_text(0)
+    assert log.count(taken) == 1 and log.count(released) == 1 and log.index(taken) < log.index(released), log
+    a, b = session(r.addr), session(r.addr)
+    assert add1(a) == add1(b) == [2.0, 3.0, 4.0, 5.0]
+    log = r.log_text(0)
+    if iso == "thread":   # taken again by the first session, and kept: the second shares it
+      assert log.count(taken) == 2 and log.count(released) == 1, log
+    else:                 # never again in the runner's process; each session's process took it
+      assert log.count(taken) == 1 and log.count(released) == 1, log
+      assert len(set(session_pids(pid))) == 2 and all(f"(device 1 taken in process {p})" in log for p in session_pids(pid)), log
+    a.close(); b.close()
+  finally:
+    r.stop()
