@@ -1,5 +1,6 @@
 /*
- * resume.c: sessions that survive a dropped link.
+ * resume.c: sessions that survive a dropped link: the resume handshake,
+ * the session's part, and Tresumekey, Tresume and Tack.
  *
  * A session that asked for a resume key (Tresumekey) does not end when
  * its connection fails: it waits up to --resume-grace seconds for its
@@ -15,29 +16,21 @@
  * (a Twrite whose data was cut off is not, and comes again whole).
  *
  * What the runner keeps for that: the count, and the bytes it sent since
- * the key, as far back as it can. The bytes it copied as they went out
- * (replies from the output buffer) are in a ring of the last --resume-log
- * of them. The data of a large Rread, sent straight from the buffer, is
- * not copied: it is kept as a reference to the buffer's memory, and copied
- * only when a request that may change a buffer comes before the client
- * acknowledged the reply (Tack). So bulk reads cost no copy, and a client
- * that acknowledges what it received (the Python client does, after each
- * large read) never causes one. A resume that needs bytes no longer held
- * is refused with ERESUME and the session ends.
- *
- * Frames are whole in the stream, and a resume must start at a frame
- * boundary: the ring's oldest whole frame is tracked as it is overwritten,
- * so a resume can walk the headers from there to check where the client
- * says it stopped, and that every frame it missed fits the new
- * connection's maxmsg.
+ * the key, as far back as it can (resume_ring.c: a ring of the bytes it
+ * copied, references to the data of large Rreads, copied only when a
+ * request that may change a buffer comes before the client acknowledged
+ * them with Tack). So bulk reads cost no copy, and a client that
+ * acknowledges what it received (the Python client does, after each large
+ * read) never causes one. A resume that needs bytes no longer held is
+ * refused with ERESUME and the session ends.
  *
  * How a new connection reaches the session: the connection does its
- * handshake in a session of its own, like any other (server.c), whose
- * Tresume sends it, with the socket (SCM_RIGHTS), up a control socket to
- * the accept loop; the accept loop passes it down the control socket of
- * the session the Tresume names, and the named session checks the proof
- * itself. So the accept loop reads nothing from a client and never sees a
- * key; a session process needs no more system calls than sendmsg and
+ * handshake in a session of its own, like any other, whose Tresume sends
+ * it, with the socket (SCM_RIGHTS), up a control socket to the accept
+ * loop; the accept loop passes it down the control socket of the session
+ * the Tresume names (resume_route.c), and the named session checks the
+ * proof itself (here). So the accept loop reads nothing from a client
+ * and never sees a key; a session process needs no more system calls than sendmsg and
  * recvmsg, which it has (confine.c). Thread isolation works the same way,
  * with both ends of each control socket in one process.
  */
@@ -60,254 +53,8 @@
 #include "session.h"
 #include "slots.h"
 
-/* Message boundaries, and an end that wakes the other side when closed. */
-#ifdef __linux__
-#define CTL_TYPE SOCK_SEQPACKET
-#else
-#define CTL_TYPE SOCK_STREAM	/* fixed-size messages; read whole */
-#endif
-
 static const char resume_client[] = "metal_runner-resume-v1 client";
 static const char resume_server[] = "metal_runner-resume-v1 server";
-
-/* The data of an Rread sent straight from a buffer: read from there again
- * on a resume, or from own once a request may have changed the buffer. */
-struct rref {
-	uint64_t at;		/* stream offset of its first byte */
-	uint64_t len;
-	const uint8_t *src;
-	uint8_t *own;
-};
-
-struct resume {
-	uint8_t secret[PROTO_MAC_SIZE];
-	uint64_t total;		/* bytes of the stream sent since the key */
-	uint8_t *ring;		/* the last cap bytes that were copied */
-	size_t cap;
-	uint64_t copied;	/* stream bytes copied into the ring, in all */
-	uint64_t frame;		/* the oldest frame whose header the ring */
-	uint64_t fcopied;	/* holds: its stream offset and its copied count */
-	uint64_t acked;		/* the client received this many (Tack) */
-	struct rref refs[PROTO_RESUME_REFS];	/* in stream order */
-	unsigned nrefs;
-	uint64_t owned;		/* bytes of copies in refs */
-	size_t skip;		/* bytes of the output buffer that precede the
-				 * key (handshake replies): not the session's */
-	int switched;		/* a resume replaced the link while it served */
-	int lost;		/* a proven resume could not be honoured */
-	uint32_t resumes;
-};
-
-/* What a connection's Tresume sends up to the accept loop and down to the
- * session it names, with the connection's socket. */
-struct handover {
-	uint32_t target;
-	uint32_t tag;
-	uint8_t snonce[PROTO_NONCE_SIZE];
-	uint64_t sent, received;
-	uint8_t cnonce[PROTO_NONCE_SIZE];
-	uint8_t mac[PROTO_MAC_SIZE];
-	uint32_t maxmsg;	/* the new connection's, from its Thello */
-	char peer[64];
-};
-
-/* The accept loop's ends of the control sockets, by slot, and the
- * sessions' ends until the session has them (a session process may end,
- * and clear its slot, before the accept loop closes its copy). */
-static int *pctl, *sctl;
-static uint32_t npctl;
-
-static int
-send_fd(int ctl, const struct handover *h, int fd)
-{
-	return net_send_fd(ctl, h, sizeof(*h), fd);
-}
-
-/* One handover and its socket: 0, or -1 (nothing, or no socket came). */
-static int
-recv_fd(int ctl, struct handover *h, int *fd)
-{
-	if (net_recv_fd(ctl, h, sizeof(*h), fd) != (ssize_t)sizeof(*h) ||
-	    *fd == -1) {
-		if (*fd != -1)
-			close(*fd);
-		*fd = -1;
-		return -1;
-	}
-	h->peer[sizeof(h->peer) - 1] = '\0';
-	return 0;
-}
-
-/*
- * The accept loop's part.
- */
-
-static int route_one(int);
-
-int
-resume_open(const struct mr_config *cfg, int slot)
-{
-	struct slot *sl = slot_get((uint32_t)slot);
-	int sv[2];
-	uint32_t i;
-
-	if (cfg->resume_grace <= 0)
-		return 0;
-	if (pctl == NULL) {
-		pctl = calloc(slot_count(), sizeof(*pctl));
-		sctl = calloc(slot_count(), sizeof(*sctl));
-		if (pctl == NULL || sctl == NULL) {
-			free(pctl);
-			free(sctl);
-			pctl = sctl = NULL;
-			return -1;
-		}
-		npctl = slot_count();
-		for (i = 0; i < npctl; i++)
-			pctl[i] = sctl[i] = -1;
-	}
-	if (socketpair(AF_UNIX, CTL_TYPE, 0, sv) == -1)
-		return -1;
-	fcntl(sv[0], F_SETFD, FD_CLOEXEC);
-	fcntl(sv[1], F_SETFD, FD_CLOEXEC);
-	fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-	pctl[slot] = sv[0];
-	sl->ctl = sctl[slot] = sv[1];
-	return 0;
-}
-
-void
-resume_child(void)
-{
-	uint32_t i;
-
-	for (i = 0; pctl != NULL && i < npctl; i++)
-		if (pctl[i] != -1) {
-			close(pctl[i]);
-			pctl[i] = -1;
-		}
-}
-
-void
-resume_forked(int slot)
-{
-	/* The number stays in the table: it is the child's. */
-	if (sctl != NULL && sctl[slot] != -1) {
-		close(sctl[slot]);
-		sctl[slot] = -1;
-	}
-}
-
-void
-resume_reclaim(int slot)
-{
-	if (pctl == NULL || pctl[slot] == -1)
-		return;
-	/* A connection passed up just before its session ended is still in
-	 * the socket: route it first. */
-	while (route_one(slot) == 0)
-		;
-	close(pctl[slot]);
-	pctl[slot] = -1;
-}
-
-void
-resume_sweep(void)
-{
-	uint32_t i;
-
-	for (i = 0; pctl != NULL && i < npctl; i++)
-		if (pctl[i] != -1 && !slot_get(i)->busy)
-			resume_reclaim((int)i);
-}
-
-int
-resume_pollfds(struct pollfd *p, int *slots, int max)
-{
-	uint32_t i;
-	int n = 0;
-
-	for (i = 0; pctl != NULL && i < npctl && n < max; i++)
-		if (pctl[i] != -1 && slot_get(i)->busy) {
-			p[n].fd = pctl[i];
-			p[n].events = POLLIN;
-			p[n].revents = 0;
-			slots[n++] = (int)i;
-		}
-	return n;
-}
-
-void
-resume_route(int from)
-{
-	while (route_one(from) == 0)
-		;
-}
-
-/* Route one handover waiting in from's control socket: 0, or -1 if there
- * was none. */
-static int
-route_one(int from)
-{
-	struct handover h;
-	uint32_t i;
-	int fd;
-
-	if (pctl == NULL || pctl[from] == -1 || recv_fd(pctl[from], &h, &fd) ==
-	    -1)
-		return -1;
-	for (i = 0; i < npctl; i++) {
-		struct slot *sl = slot_get(i);
-		int stage = atomic_load(&sl->stage);
-		if ((int)i != from && sl->busy && sl->id == h.target &&
-		    pctl[i] != -1 && (stage == SLOT_SESSION ||
-		    stage == SLOT_WAITING))
-			break;
-	}
-	if (i == npctl) {
-		log_info("resume of session %u from %s: no such session",
-		    h.target, h.peer);
-		net_refuse(fd, h.tag, PROTO_ERESUME, "no session with that "
-		    "number to resume: it never existed, ended, or was not "
-		    "resumed within the runner's grace period");
-		return 0;
-	}
-	if (send_fd(pctl[i], &h, fd) == -1) {
-		net_refuse(fd, h.tag, PROTO_ERESUME, "the session is busy "
-		    "with another resume; try again");
-		return 0;
-	}
-	close(fd);	/* the session has its own copy now */
-	return 0;
-}
-
-void
-resume_stop(void)
-{
-	uint32_t i;
-
-	for (i = 0; pctl != NULL && i < npctl; i++)
-		if (pctl[i] != -1)
-			shutdown(pctl[i], SHUT_RDWR);
-}
-
-void
-resume_close(void)
-{
-	uint32_t i;
-
-	for (i = 0; pctl != NULL && i < npctl; i++)
-		if (pctl[i] != -1)
-			close(pctl[i]);
-	free(pctl);
-	free(sctl);
-	pctl = sctl = NULL;
-	npctl = 0;
-}
-
-/*
- * The session's part.
- */
 
 static int
 ctl_fd(const struct session *s)
@@ -327,154 +74,9 @@ resume_offered(const struct session *s)
 	return s->ctx->cfg->resume_grace > 0 && ctl_fd(s) != -1;
 }
 
-/* The n bytes at copied count c, from the ring or, past what it holds, from
- * p (the bytes being put): a header never spans the two. */
-static void
-ring_get(const struct resume *rs, uint64_t c, const uint8_t *p, uint8_t *out,
-    size_t n)
-{
-	size_t at, k;
-
-	if (c >= rs->copied) {
-		memcpy(out, p + (c - rs->copied), n);
-		return;
-	}
-	at = (size_t)(c % rs->cap);
-	k = (size_t)min64(n, rs->cap - at);
-	memcpy(out, rs->ring + at, k);
-	memcpy(out + k, rs->ring, n - k);
-}
-
-/* Step over the frame at stream offset *at, copied count *c: its size, or
- * 0 if the header there is not a frame the runner sends. An Rread whose
- * data went by reference has only its fixed part in the ring. */
-static uint32_t
-frame_step(const struct resume *rs, uint64_t *at, uint64_t *c,
-    const uint8_t *p)
-{
-	uint8_t h[PROTO_HDR_SIZE];
-	uint32_t size;
-	unsigned type;
-
-	if (p == NULL && (*c >= rs->copied || rs->copied - *c > rs->cap))
-		return 0;	/* not in the ring */
-	ring_get(rs, *c, p, h, sizeof(h));
-	size = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
-	    (uint32_t)h[3] << 24;
-	type = (unsigned)(h[4] | h[5] << 8);
-	if (size < PROTO_HDR_SIZE || proto_is_request(type))
-		return 0;
-	*at += size;
-	*c += type == PROTO_RREAD && size > sizeof(struct proto_rread) +
-	    PROTO_RREAD_INLINE ? sizeof(struct proto_rread) : size;
-	return size;
-}
-
-static void
-ring_put(struct resume *rs, const uint8_t *p, size_t n)
-{
-	size_t k, head;
-
-	/* Move the oldest frame past the bytes about to be overwritten. */
-	while (rs->copied + n > rs->cap && rs->fcopied < rs->copied + n -
-	    rs->cap)
-		if (frame_step(rs, &rs->frame, &rs->fcopied, p) == 0) {
-			rs->frame = rs->fcopied = UINT64_MAX;	/* none */
-			break;
-		}
-	rs->total += n;
-	if (n >= rs->cap) {	/* only the tail fits */
-		p += n - rs->cap;
-		rs->copied += n - rs->cap;
-		n = rs->cap;
-	}
-	head = (size_t)(rs->copied % rs->cap);
-	k = (size_t)min64(n, rs->cap - head);
-	memcpy(rs->ring + head, p, k);
-	memcpy(rs->ring, p + k, n - k);
-	rs->copied += n;
-}
-
-static void
-ref_drop(struct session *s, unsigned i)
-{
-	struct resume *rs = s->rs;
-
-	if (rs->refs[i].own != NULL) {
-		free(rs->refs[i].own);
-		rs->owned -= rs->refs[i].len;
-	} else
-		s->rread_refs--;
-	memmove(rs->refs + i, rs->refs + i + 1, (rs->nrefs - i - 1) *
-	    sizeof(rs->refs[0]));
-	rs->nrefs--;
-}
-
-/* The data of an Rread, sent straight from src: kept by reference. */
-static void
-ref_add(struct session *s, const uint8_t *src, size_t n)
-{
-	struct resume *rs = s->rs;
-
-	if (rs->nrefs == PROTO_RESUME_REFS)
-		ref_drop(s, 0);
-	rs->refs[rs->nrefs].at = rs->total;
-	rs->refs[rs->nrefs].len = n;
-	rs->refs[rs->nrefs].src = src;
-	rs->refs[rs->nrefs].own = NULL;
-	rs->nrefs++;
-	s->rread_refs++;
-	rs->total += n;
-}
-
 int
-resume_send(struct session *s, const void *a, size_t alen, const void *b,
-    size_t blen)
-{
-	struct resume *rs = s->rs;
-
-	if (rs != NULL) {
-		size_t skip = (size_t)min64(rs->skip, alen);
-		rs->skip -= skip;
-		ring_put(rs, (const uint8_t *)a + skip, alen - skip);
-		if (blen > 0)
-			ref_add(s, b, blen);
-	}
-	if (s->linkdown)
-		return rs != NULL ? 0 : -1;
-	if (net_sendv_all(s->fd, a, alen, b, blen) == 0)
-		return 0;
-	log_info("session %u: send failed: %s", s->id, strerror(errno));
-	/* The bytes are in the ring: they go again on a resume. */
-	s->linkdown = 1;
-	return rs != NULL ? 0 : -1;
-}
-
-void
-resume_keep(struct session *s)
-{
-	struct resume *rs = s->rs;
-	unsigned i;
-
-	/* Newest first: a client that did not acknowledge them most likely
-	 * misses the last. What does not fit the log's size is let go. */
-	for (i = rs->nrefs; i-- > 0;) {
-		struct rref *r = &rs->refs[i];
-		if (r->own != NULL)
-			continue;
-		if (rs->owned + r->len > rs->cap ||
-		    (r->own = malloc((size_t)r->len)) == NULL) {
-			ref_drop(s, i);
-			continue;
-		}
-		memcpy(r->own, r->src, (size_t)r->len);
-		rs->owned += r->len;
-		s->rread_refs--;
-	}
-}
-
-int
-resume_ack(struct session *s, const union proto_msg *m, const uint8_t *frame)
+resume_ack(struct session *s, const union proto_msg *m,
+    const uint8_t *frame)
 {
 	const struct proto_tack *t = &m->tack;
 	struct resume *rs = s->rs;
@@ -490,8 +92,7 @@ resume_ack(struct session *s, const union proto_msg *m, const uint8_t *frame)
 		    "bytes, but the runner sent %llu", (unsigned long long)
 		    t->received, (unsigned long long)rs->total);
 	rs->acked = t->received;
-	while (rs->nrefs > 0 && rs->refs[0].at + rs->refs[0].len <= rs->acked)
-		ref_drop(s, 0);
+	resume_ring_acked(s);
 	return 0;
 }
 
@@ -505,7 +106,8 @@ put_le(uint8_t *p, uint64_t v, int n)
 }
 
 static void
-client_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
+client_mac(const struct resume *rs, const struct resume_handover *h,
+    uint8_t out[32])
 {
 	uint8_t msg[sizeof(resume_client) + 2 * PROTO_NONCE_SIZE + 20];
 	size_t l = strlen(resume_client);
@@ -520,7 +122,8 @@ client_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
 }
 
 static void
-server_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
+server_mac(const struct resume *rs, const struct resume_handover *h,
+    uint8_t out[32])
 {
 	uint8_t msg[sizeof(resume_server) + 2 * PROTO_NONCE_SIZE];
 	size_t l = strlen(resume_server);
@@ -531,98 +134,10 @@ server_mac(const struct resume *rs, const struct handover *h, uint8_t out[32])
 	hmac_sha256(rs->secret, sizeof(rs->secret), msg, l + 64, out);
 }
 
-/* Send the ring's bytes of copied counts [c0, c1): one or two pieces. */
-static int
-send_ring(int fd, const struct resume *rs, uint64_t c0, uint64_t c1)
-{
-	size_t at = (size_t)(c0 % rs->cap), n = (size_t)(c1 - c0);
-	size_t k = (size_t)min64(n, rs->cap - at);
-
-	return n == 0 ? 0 : net_sendv_all(fd, rs->ring + at, k, rs->ring,
-	    n - k);
-}
-
-/*
- * The frames of the stream from byte from on, which the client missed.
- * With fd -1, check that the runner can send them again: from is a frame
- * boundary it still knows, every frame fits maxmsg (the new connection's)
- * and every Rread's data is held; 0, or -1 with the reason in text. With
- * an fd, send them.
- */
-static int
-missed(const struct resume *rs, uint64_t from, uint32_t maxmsg, int fd,
-    char *text, size_t len)
-{
-	uint64_t at = rs->frame, c = rs->fcopied, c0, prev = at, fat, fc;
-	uint32_t size;
-	unsigned i = 0;
-
-	if (from < rs->acked) {
-		snprintf(text, len, "the client says it received %llu bytes of "
-		    "replies, but it acknowledged %llu (Tack)",
-		    (unsigned long long)from, (unsigned long long)rs->acked);
-		return -1;
-	}
-	if (at == UINT64_MAX || from < at) {
-		snprintf(text, len, "the replies the client missed (%llu "
-		    "bytes) are no longer held: the runner keeps the last %zu "
-		    "bytes it copied (--resume-log)", (unsigned long long)
-		    (rs->total - from), rs->cap);
-		return -1;
-	}
-	while (at < from) {
-		prev = at;
-		if (frame_step(rs, &at, &c, NULL) == 0)
-			break;
-	}
-	if (at != from) {
-		snprintf(text, len, "the client says it received %llu bytes of "
-		    "replies, which ends inside the frame that starts at byte "
-		    "%llu: a client counts whole frames only",
-		    (unsigned long long)from, (unsigned long long)prev);
-		return -1;
-	}
-	for (c0 = c; at < rs->total;) {
-		fat = at;
-		fc = c;
-		if ((size = frame_step(rs, &at, &c, NULL)) == 0)
-			break;
-		if (size > maxmsg) {
-			snprintf(text, len, "a reply the client missed is %u "
-			    "bytes, larger than the new connection's maxmsg %u",
-			    size, maxmsg);
-			return -1;
-		}
-		if (at - fat == c - fc)		/* all in the ring */
-			continue;
-		/* An Rread whose data is kept by reference, after its
-		 * fixed part. */
-		while (i < rs->nrefs && rs->refs[i].at < fat + (c - fc))
-			i++;
-		if (i == rs->nrefs || rs->refs[i].at != fat + (c - fc)) {
-			snprintf(text, len, "the data of an Rread the client "
-			    "missed (%u bytes) is no longer held: a request "
-			    "changed its buffer before the client acknowledged "
-			    "it", size);
-			return -1;
-		}
-		if (fd != -1 && (send_ring(fd, rs, c0, c) == -1 ||
-		    net_send_all(fd, rs->refs[i].own != NULL ? rs->refs[i].own :
-		    rs->refs[i].src, (size_t)rs->refs[i].len) == -1))
-			return -1;
-		c0 = c;
-	}
-	if (at != rs->total) {
-		snprintf(text, len, "the runner's record of its replies is "
-		    "inconsistent at byte %llu", (unsigned long long)at);
-		return -1;
-	}
-	return fd != -1 ? send_ring(fd, rs, c0, c) : 0;
-}
-
 /* A proven resume the session cannot honour: the session is lost. */
 static int
-lose(struct session *s, const struct handover *h, int fd, const char *text)
+lose(struct session *s, const struct resume_handover *h, int fd,
+    const char *text)
 {
 	log_warn("session %u: resume from %s refused, the session ends: %s",
 	    s->id, h->peer, text);
@@ -639,7 +154,7 @@ int
 resume_take(struct session *s)
 {
 	struct resume *rs = s->rs;
-	struct handover h;
+	struct resume_handover h;
 	union proto_msg r;
 	uint8_t want[32], frame[sizeof(struct proto_rresume)], diff = 0;
 	char text[256];
@@ -647,7 +162,7 @@ resume_take(struct session *s)
 	size_t i;
 	int fd;
 
-	if (recv_fd(ctl_fd(s), &h, &fd) == -1) {
+	if (resume_handover_recv(ctl_fd(s), &h, &fd) == -1) {
 		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
 		/* Nothing to read and the other end gone: stopping. */
 		return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))
@@ -689,7 +204,8 @@ resume_take(struct session *s)
 		    (unsigned long long)rs->total);
 		return lose(s, &h, fd, text);
 	}
-	if (missed(rs, h.received, h.maxmsg, -1, text, sizeof(text)) == -1)
+	if (resume_missed(rs, h.received, h.maxmsg, -1, text,
+	    sizeof(text)) == -1)
 		return lose(s, &h, fd, text);
 	if (s->fd != -1) {	/* the old link still stood: the proof wins */
 		log_info("session %u: closing its old connection for a resume",
@@ -713,7 +229,8 @@ resume_take(struct session *s)
 	server_mac(rs, &h, r.rresume.mac);
 	proto_put(frame, sizeof(frame), &r);
 	if (net_send_all(fd, frame, sizeof(frame)) == -1 ||
-	    missed(rs, h.received, h.maxmsg, fd, text, sizeof(text)) == -1)
+	    resume_missed(rs, h.received, h.maxmsg, fd, text,
+	    sizeof(text)) == -1)
 		s->linkdown = 1;	/* and the client may try again */
 	back = rs->total - h.received;
 	s->bytes_out += sizeof(frame) + back;
@@ -831,7 +348,8 @@ resume_wait(struct session *s)
 }
 
 int
-resume_key(struct session *s, const union proto_msg *m, const uint8_t *frame)
+resume_key(struct session *s, const union proto_msg *m,
+    const uint8_t *frame)
 {
 	const struct proto_tresumekey *t = &m->tresumekey;
 	const struct mr_config *cfg = s->ctx->cfg;
@@ -882,7 +400,7 @@ resume_request(struct session *s, const union proto_msg *m,
     const uint8_t *frame)
 {
 	const struct proto_tresume *t = &m->tresume;
-	struct handover h;
+	struct resume_handover h;
 
 	(void)frame;
 	if (!resume_offered(s))
@@ -905,7 +423,7 @@ resume_request(struct session *s, const union proto_msg *m,
 	memcpy(h.cnonce, t->cnonce, sizeof(h.cnonce));
 	memcpy(h.mac, t->mac, sizeof(h.mac));
 	snprintf(h.peer, sizeof(h.peer), "%s", s->peer);
-	if (send_fd(ctl_fd(s), &h, s->fd) == -1)
+	if (resume_handover_send(ctl_fd(s), &h, s->fd) == -1)
 		return sess_fatal(s, t->h.tag, PROTO_ERESUME, "the runner "
 		    "cannot pass the connection on") == -1 ? -2 : 0;
 	log_info("session %u: passed on to resume session %u", s->id,
@@ -922,26 +440,14 @@ resume_end(struct session *s)
 
 	resume_free(s);
 	if (ctl != -1) {
-		struct handover h;
+		struct resume_handover h;
 		int fd;
 		/* Resumes that came too late: answer them rather than let
 		 * their connections close without a word. */
-		while (recv_fd(ctl, &h, &fd) == 0)
+		while (resume_handover_recv(ctl, &h, &fd) == 0)
 			net_refuse(fd, h.tag, PROTO_ERESUME, "the session has "
 			    "ended");
 		close(ctl);
 		slot_get((uint32_t)s->slot)->ctl = -1;
 	}
-}
-
-void
-resume_free(struct session *s)
-{
-	if (s->rs == NULL)
-		return;
-	while (s->rs->nrefs > 0)
-		ref_drop(s, 0);
-	free(s->rs->ring);
-	free(s->rs);
-	s->rs = NULL;
 }

@@ -232,7 +232,8 @@ void sess_prof_free(struct session *s);
 sess_handler sess_clock;
 sess_handler sess_profile;
 
-/* resume.c */
+/* resume.c: the resume handshake; resume_ring.c: resume_send, resume_keep
+ * and resume_free, what the session keeps of its replies */
 int resume_offered(const struct session *s);	/* CAP_RESUME */
 /* The socket a resume naming this session arrives on, whether or not it
  * took a key; -1: none (yet). */
