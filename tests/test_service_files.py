@@ -87,8 +87,26 @@ def test_launchd_plist(tmp_path):
   argv = p["ProgramArguments"]
   assert argv[0] == "/usr/local/bin/metal_runner" and argv[argv.index("--token-file") + 1] == TOKEN_PATH
   assert p["UserName"] == "_metal_runner" and p["StandardErrorPath"].startswith("/var/log/")
-  assert set(p) <= {"Label", "ProgramArguments", "UserName", "RunAtLoad", "KeepAlive", "ProcessType", "StandardErrorPath"}
+  assert set(p) <= {"Label", "ProgramArguments", "UserName", "EnvironmentVariables", "RunAtLoad", "KeepAlive", "ProcessType",
+                    "StandardErrorPath"}
   runs_with([str(build())] + argv[1:], tmp_path)
+
+def test_the_service_user_has_a_writable_cache_and_home():
+  # issue 35 item 2: macOS keeps a per-application Metal shader cache under the user's cache directory, which makes later compiles
+  # (every spawned session compiles its kernels again) fast only where that directory is writable. The role account had
+  # /var/empty as its home and the systemd unit a read-only file system: both services now give the user a writable directory of
+  # its own as HOME, and docs/service.md creates it (macOS) and says why. Whether macOS then caches a daemon's compiles is what
+  # tests/mac_report.py's session starts measure on a Mac
+  unit = (PKG / "metal_runner.service.in").read_text()
+  cache = unit_value(unit, "CacheDirectory")
+  assert cache == "metal_runner" and unit_value(unit, "Environment") == f"HOME=/var/cache/{cache}"
+  p = plistlib.loads((PKG / "org.metal-runner.metal_runner.plist.in").read_text().replace("@BINDIR@", "/usr/local/bin").encode())
+  home = p["EnvironmentVariables"]["HOME"]
+  assert home == "/var/db/metal_runner", p
+  doc = (ROOT / "docs" / "service.md").read_text()
+  assert f"NFSHomeDirectory {home}" in doc and "NFSHomeDirectory /var/empty" not in doc
+  assert f"sudo install -d -m 700 -o _metal_runner -g _metal_runner {home}" in doc
+  assert "shader cache" in doc and "CacheDirectory=metal_runner" in doc
 
 def test_log_is_plain_lines(tmp_path):
   """What the journal and a log file get: no terminal escapes, every line a whole event."""
