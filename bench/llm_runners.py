@@ -8,7 +8,8 @@ file; and runners of unequal speed (one shares its CPU with a busy loop), the sp
 The model is a GGUF from tests/ggufgen.py (8 blocks, dim 512, FFN 2048, 8 heads, vocabulary 4096: 47.7 MB, Q8_0 feed-forward, random
 weights). A figure is the median of the decode steps after the first ten of one run (tokens/s), then the median over the reps; a ratio is
 the median of the per-rep ratios against one runner. --pin: each runner pinned to a CPU (taskset, CPU i mod the CPUs), as
-bench/multirunner.py pins them; unpinned by default. Writes bench/results/llm_runners.json.
+bench/multirunner.py pins them, and the client to the last CPU (unpinned, the scheduler's placement of the client decides more than the
+runners do on two CPUs: docs/multi-runner.md); unpinned by default. Writes bench/results/llm_runners.json.
 """
 from __future__ import annotations
 import argparse, json, os, pathlib, re, statistics, subprocess, sys, tempfile, time
@@ -37,10 +38,11 @@ class Runner:
       try: self.p.wait(10)
       except subprocess.TimeoutExpired: self.p.kill()
 
-def run(model:str, runners:list[Runner], tokens:int, env:dict|None=None) -> dict:
+def run(model:str, runners:list[Runner], tokens:int, env:dict|None=None, client_cpu:int|None=None) -> dict:
   before = [len(r.bytes_in()) for r in runners]
   e = {k: v for k, v in os.environ.items() if k not in ("DEV", "DEBUG", "METAL_RUNNER")}
-  p = subprocess.run([sys.executable, "-m", "client", "run", "--runner", ",".join(r.addr for r in runners), "-m", "tinygrad.llm", "--model",
+  pin = ["taskset", "-c", str(client_cpu)] if client_cpu is not None else []
+  p = subprocess.run([*pin, sys.executable, "-m", "client", "run", "--runner", ",".join(r.addr for r in runners), "-m", "tinygrad.llm", "--model",
                       model, "--max_context", "128", "--benchmark", str(tokens)], capture_output=True, text=True, cwd=str(ROOT),
                      env={**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **(env or {})}, timeout=900)
   if p.returncode != 0: raise RuntimeError(f"the run failed: {p.stderr[-2000:]}")
@@ -65,7 +67,7 @@ def bench(reps:int=2, tokens:int=25, pin:bool=False) -> dict:
         modes = [("one", rs[:1]), ("two", rs[1:3]), ("three", rs[1:4])]
         for name, group in (modes if rep % 2 == 0 else modes[::-1]):
           log(f"rep {rep + 1}: {name} ...")
-          out["runs"].append({"rep": rep, "mode": name, **run(model, group, tokens)})
+          out["runs"].append({"rep": rep, "mode": name, **run(model, group, tokens, client_cpu=ncpu - 1 if pin else None)})
       # unequal speeds: the second runner shares its CPU with a busy loop; speed-aware against memory-only placement
       hog = subprocess.Popen(["taskset", "-c", str(1 % ncpu), sys.executable, "-c", "while True: pass"])
       slow = [Runner(dd, "fast", 0 % ncpu), Runner(dd, "slow", 1 % ncpu)]
@@ -86,7 +88,7 @@ def summary(out:dict) -> list[str]:
   def med(mode): return statistics.median(r["tok_s"] for r in runs if r["mode"] == mode)
   def ratio(mode, base):
     return statistics.median(a["tok_s"] / b["tok_s"] for a in runs for b in runs if a["mode"] == mode and b["mode"] == base and a["rep"] == b["rep"])
-  lines = [f"model: {out['model']['bytes'] / 1e6:.1f} MB GGUF; runners {'pinned to a CPU each' if out['pin'] else 'not pinned'}; tokens/s, median"]
+  lines = [f"model: {out['model']['bytes'] / 1e6:.1f} MB GGUF; {'runners and client pinned' if out['pin'] else 'nothing pinned'}; tokens/s, median"]
   for mode, base in (("one", None), ("two", "one"), ("three", "one"), ("unequal_memory", None), ("unequal_speed", "unequal_memory")):
     if not any(r["mode"] == mode for r in runs): continue
     pl = next(r["placement"] for r in runs if r["mode"] == mode)
