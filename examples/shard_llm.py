@@ -7,6 +7,8 @@ activations go runner to runner (docs/multi-runner.md).
   python3 examples/shard_llm.py --runner mac1.local,mac2.local --split  # split by layers: the first half of the blocks on the first
   python3 examples/shard_llm.py --check   # also decode on tinygrad's own CPU device and check that the tokens are the same
 
+It then decodes the same model on the first runner alone and prints the ratio of the two speeds (--no-baseline: not).
+
 Without --runner the client starts two local runners. The runners' tokens come from --token-file (one file for all, or one per runner,
 as for python -m client run), or ~/.metal_runner_token.
 """
@@ -72,6 +74,7 @@ def main():
   ap.add_argument("--split", action="store_true", help="split by layers instead of tensor parallel")
   ap.add_argument("--tokens", type=int, default=32)
   ap.add_argument("--check", action="store_true", help="also decode on tinygrad's CPU device and compare the tokens")
+  ap.add_argument("--no-baseline", action="store_true", help="do not decode on the first runner alone for the ratio")
   for k, v in SIZES.items(): ap.add_argument(f"--{k}", type=int, default=v)
   a = ap.parse_args()
   if a.runner: os.environ["METAL_RUNNER"] = a.runner
@@ -81,11 +84,17 @@ def main():
   n = max(2, len(a.runner.split(","))) if a.runner else 2
   devs, mode = tuple(f"{dev}:{i}" for i in range(n if not a.split else 2)), "split" if a.split else "tp"
   sizes = {k: getattr(a, k) for k in SIZES}
-  step, t = build(devs, mode, **sizes), [0.0]
-  toks = decode(step, devs, mode, a.tokens, a.context, on_token=lambda i: t.__setitem__(0, time.perf_counter()) if i == 4 else None)
-  s = time.perf_counter() - t[0]
+  def timed(devs, mode) -> tuple[list[int], float]:   # the tokens, and tokens/s after the first 4 (the JIT's capture)
+    step, t = build(devs, mode, **sizes), [0.0]
+    toks = decode(step, devs, mode, a.tokens, a.context, on_token=lambda i: t.__setitem__(0, time.perf_counter()) if i == 4 else None)
+    return toks, (a.tokens - 4) / (time.perf_counter() - t[0])
+  toks, speed = timed(devs, mode)
   print(f"{mode} over {', '.join(devs)}: {' '.join(map(str, toks))}")
-  print(f"{(a.tokens - 4) / s:.1f} tokens/s after the first 4 (JIT capture)")
+  print(f"{speed:.1f} tokens/s after the first 4 (JIT capture)")
+  if not a.no_baseline:
+    one, base = timed(devs[:1], "one")
+    print(f"one runner ({devs[0]}) alone: {base:.1f} tokens/s; {mode} over {len(devs)}: {speed / base:.2f}x that"
+          f"{'' if one == toks else ' (its tokens differ)'}")
   if a.check:
     same = decode(build(("CPU",), "one", **sizes), ("CPU",), "one", a.tokens, a.context) == toks
     print("the same tokens as tinygrad's CPU device" if same else "TOKENS DIFFER from tinygrad's CPU device")

@@ -210,4 +210,6 @@ def test_the_shard_llm_example_decodes_the_cpu_devices_tokens(daemon_bin, split)
   lines = r.stdout.splitlines()
   assert lines[0].startswith(f"{'split' if split else 'tp'} over REMOTE:0, REMOTE:1: ") and len(lines[0].split(": ")[1].split()) == 12, lines
   assert "tokens/s" in lines[1] and lines[-1] == "the same tokens as tinygrad's CPU device", lines
+  # the baseline: the same model on the first runner alone, the same tokens, and the ratio of the speeds
+  assert re.fullmatch(rf"one runner \(REMOTE:0\) alone: [\d.]+ tokens/s; {'split' if split else 'tp'} over 2: [\d.]+x that", lines[2]), lines
   assert len(set(lines[0].split(": ")[1].split())) > 2, lines   # tokens that vary: the check compares something
