@@ -12,7 +12,10 @@
  * session: mtl_dev_get); one command queue per session;
  * pipelines compiled once per process and cached by the SHA-256 of (kind,
  * name, data): across sessions with --isolation thread, while a spawned
- * session's process starts with none and compiles each program again.
+ * session's process starts with none and compiles each program again
+ * (only macOS's own shader cache, under the user's cache directory, can
+ * make that fast: not measured here; tests/mac_report.py times a first
+ * and a second session of a tinygrad.llm model in both modes).
  * Metal is not fork-safe, so a session is a process of its own started
  * fresh (BE_ISOLATE_SPAWN, isolate.c: it opens the device itself), or with
  * --isolation thread a thread of one process; the pipeline cache has its
@@ -99,6 +102,9 @@
 struct mtl_binds {
 	int known;			/* 0: Metal gave no reflection */
 	uint32_t mask;			/* bit i: a buffer binding at index i */
+	uint32_t used;			/* bit i: one the kernel uses (MTLBinding
+					 * used, MTLArgument active): only those
+					 * are held to Tload's count and widths */
 	NSUInteger size[MTL_MAX_ARGS];	/* its bufferDataSize */
 	NSUInteger align[MTL_MAX_ARGS];	/* its bufferAlignment */
 };
@@ -399,7 +405,7 @@ mtl_cache_trim(void)
 /* One buffer binding into b; -1 for an index past the argument table. */
 static int
 mtl_bind_add(struct mtl_binds *b, NSUInteger index, NSUInteger size,
-    NSUInteger align, char *err)
+    NSUInteger align, BOOL used, char *err)
 {
 	if (index >= MTL_MAX_ARGS) {
 		mtl_seterr(err, "the kernel binds a buffer at index %lu; the "
@@ -408,6 +414,8 @@ mtl_bind_add(struct mtl_binds *b, NSUInteger index, NSUInteger size,
 		return -1;
 	}
 	b->mask |= 1u << index;
+	if (used)
+		b->used |= 1u << index;
 	b->size[index] = size;
 	/* An alignment of 0 would mean none; offsets are checked with %. */
 	b->align[index] = align != 0 ? align : 1;
@@ -486,7 +494,7 @@ mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
 				if (mtl_bind_add(b, [x index],
 				    [(id <MTLBufferBinding>)x bufferDataSize],
 				    [(id <MTLBufferBinding>)x bufferAlignment],
-				    err) == -1)
+				    [x isUsed], err) == -1)
 					return -1;
 			}
 			return 0;
@@ -504,7 +512,7 @@ mtl_binds_read(MTLComputePipelineReflection *refl, struct mtl_binds *b,
 				return mtl_bind_other((NSInteger)[a type],
 				    [a index], err);
 			if (mtl_bind_add(b, [a index], [a bufferDataSize],
-			    [a bufferAlignment], err) == -1)
+			    [a bufferAlignment], [a isActive], err) == -1)
 				return -1;
 		}
 	}
@@ -550,7 +558,15 @@ mtl_pipeline(id <MTLFunction> fn, struct mtl_binds *b, char *err)
  * Tload's nbufs, nvals and value widths against what the kernel binds:
  * buffer bindings at exactly 0 .. nbufs+nvals-1, each value's 4 or 8
  * bytes. Called at every load, also of a cached pipeline, as another
- * client may state other bindings for the same kernel.
+ * client may state other bindings for the same kernel. A binding the
+ * kernel does not use (reflection's used / active NO) is no reason to
+ * refuse: its width is not checked and, past Tload's count, it may stay
+ * unbound, as nothing reads it (tinygrad builds its pipelines with no
+ * reflection at all). Whether Apple's compiler lists such parameters, and
+ * as unused, is what tests/mac_report.py logs from a Mac (not seen yet);
+ * on the emulator a parameter its body does not name is unused. A missing
+ * index below Tload's count is still refused: a used value after it would
+ * be bound one place off.
  */
 static int
 mtl_binds_check(const struct mtl_binds *b, const struct be_program_desc *d,
@@ -561,7 +577,8 @@ mtl_binds_check(const struct mtl_binds *b, const struct be_program_desc *d,
 	if (!b->known)
 		return 0;
 	k = (unsigned)__builtin_popcount(b->mask);
-	if (k != n) {
+	if (k != n && (k < n || (b->used & (n >= 32 ? 0 :
+	    ~((1u << n) - 1))) != 0)) {
 		mtl_seterr(err, "kernel %s binds %u buffers, Tload says %u "
 		    "(%u buffers and %u values)", d->name, k, n,
 		    (unsigned)d->nbufs, (unsigned)d->nvals);
@@ -577,7 +594,7 @@ mtl_binds_check(const struct mtl_binds *b, const struct be_program_desc *d,
 	for (i = 0; i < d->nvals; i++) {
 		k = d->nbufs + i;
 		want = d->entry >> i & 1 ? 8 : 4;
-		if (b->size[k] != want) {
+		if (b->size[k] != want && (b->used >> k & 1)) {
 			mtl_seterr(err, "kernel %s: value %u (index %u) is %lu "
 			    "bytes in the kernel, Tload says %u", d->name, i, k,
 			    (unsigned long)b->size[k], want);
@@ -585,6 +602,41 @@ mtl_binds_check(const struct mtl_binds *b, const struct be_program_desc *d,
 		}
 	}
 	return 0;
+}
+
+/*
+ * At -v, what reflection gave for the first MTL_BINDS_LOG kernels this
+ * process compiles, and for every later one with a binding its kernel does
+ * not use: whether Apple's compiler lists unused parameters, and marks
+ * them so, decides how strict mtl_binds_check may be, and only a Mac can
+ * say (tests/mac_report.py puts these lines in its report).
+ */
+#define MTL_BINDS_LOG 8
+
+static void
+mtl_binds_log(const char *name, const struct mtl_binds *b)
+{
+	static atomic_uint logged;
+	char line[MTL_MAX_ARGS * 48 + 1];
+	size_t k = 0;
+	unsigned i;
+
+	if (strcmp(name, "mtl_probe") == 0 || (atomic_fetch_add(&logged, 1) >=
+	    MTL_BINDS_LOG && (!b->known || b->used == b->mask)))
+		return;
+	if (!b->known) {
+		log_info("metal: reflection of kernel %s: none", name);
+		return;
+	}
+	line[0] = '\0';
+	for (i = 0; i < MTL_MAX_ARGS && k < sizeof(line); i++)
+		if (b->mask >> i & 1)
+			k += (size_t)snprintf(line + k, sizeof(line) - k,
+			    "%s[%u] %lu B align %lu %s", k ? ", " : "", i,
+			    (unsigned long)b->size[i], (unsigned long)b->align[i],
+			    b->used >> i & 1 ? "used" : "UNUSED");
+	log_info("metal: reflection of kernel %s: %u buffer bindings: %s", name,
+	    (unsigned)__builtin_popcount(b->mask), line[0] ? line : "none");
 }
 
 /* ---- the macOS version ---- */
@@ -784,7 +836,8 @@ mtl_compile(const struct be_program_desc *d, struct mtl_binds *binds,
 		goto fail;
 	}
 
-	pipe = mtl_pipeline(fn, binds, err);
+	if ((pipe = mtl_pipeline(fn, binds, err)) != nil)
+		mtl_binds_log(d->name, binds);
 
 fail:
 	[fn release];
@@ -1568,8 +1621,10 @@ mtl_prog_binds(struct be_program *prog, const struct be_program_desc *d,
 
 	if (mtl_binds_check(b, d, err) == -1)
 		return -1;
+	/* An unused buffer's offset is no concern of its kernel's. */
 	for (i = 0; i < d->nbufs; i++)
-		prog->align[i] = b->known ? (uint32_t)b->align[i] : 1;
+		prog->align[i] = b->known && (b->used >> i & 1) ?
+		    (uint32_t)b->align[i] : 1;
 	return 0;
 }
 

@@ -19,9 +19,17 @@ On macOS, in order:
      bit for bit and gives the largest difference in ULP where they differ;
   5. stops that runner, starts a second one without MTL_DEBUG_LAYER (the validation layer costs time), and times both sides with the
      same code (FIGURES), in two more processes, one after the other;
-  6. writes the report: the Mac, macOS, the GPU family, macOS and newest Metal language version the runner reports, whether its GPU has
-     unified memory, whether the client sent it metallibs or source, what passed, what failed with its output, the figures, and
-     the Tloads and launches the runner refused for their bindings or a misaligned offset (in the tests, and in the computations).
+  6. times the start of a session of a tinygrad.llm-sized model (issue 35, item 2), on two more runners, one with --isolation thread
+     and one with the default process isolation (each session a fresh process, which compiles every program again): the Tloads the
+     runner process made in "llm decode" (step 4) are sent again by a session of their own, then one waited launch; the time from
+     connect to that launch's answer, for the runner's first session and its second. Whether macOS's shader cache (under the runner's
+     user's cache directory, docs/service.md) makes a spawned session's compiles fast is what the second spawned session says;
+  7. writes the report: the Mac, macOS, the GPU family, macOS and newest Metal language version the runner reports, whether its GPU has
+     unified memory, whether the client sent it metallibs or source, what passed, what failed with its output, the figures, the session
+     starts, the Tloads and launches the runner refused for their bindings or a misaligned offset (in the tests, and in the
+     computations), and what Metal's reflection gave for a few of tinygrad's kernels (the runner logs it at -v: whether Apple's compiler
+     lists a parameter the kernel does not use, and marks it unused, decides how strict the runner's Tload check may be; issue 35,
+     item 3).
 It takes a few minutes on Linux against the emulator at full size (--quick: under a minute); how long on a Mac is not known.
 
 On Linux the same steps run against daemon/metal_runner_emu (make -C daemon emu: the daemon on the Metal emulator, a test harness that
@@ -286,6 +294,10 @@ def f_llm(dev:str, quick:bool) -> dict:
                          f"{cfg['vocab_size']}), each a 4-byte token in and the logits out; {n} steps at positions {pos + 1}..{pos + n}")}
 
 FIGURES = [f_launch, f_roundtrip, f_copy, f_mlp, f_llm]
+LOADS = "llm-loads.json"   # the Tloads of "llm decode" on the runner, for the session starts
+# the launch that ends a timed session start: one tiny kernel, loaded after the model's
+FIRST = ("#include <metal_stdlib>\nusing namespace metal;\n"
+         "kernel void mr_first(device int* out, uint3 gid [[threadgroup_position_in_grid]]) { out[0] = 1; }\n")
 SETUP = {f_mlp: ("mlp", c_mlp), f_llm: ("llm", c_llm)}   # what a figure uses: the STATE a case leaves
 
 def worker(role:str, part:str, d:pathlib.Path, quick:bool):
@@ -302,13 +314,20 @@ def worker(role:str, part:str, d:pathlib.Path, quick:bool):
     from client.protocol import PROG_METALLIB
     res["runner"] = {"addr": device.runner.addr, "name": device.runner.info.name, "arch": device.runner.info.arch,
                      "sends": "metallibs" if device.kind == PROG_METALLIB else "Metal source", "host_macos": platform.mac_ver()[0]}
+  loads: list = []   # the runner process's Tloads (RemoteDevice.load's arguments), for the session starts (Run.sessions)
+  if role == "runner" and part == "cases":
+    orig = device.load
+    def load(*a):
+      loads.append(a)
+      return orig(*a)
+    device.load = load
   from tinygrad.codegen import to_program_cache
   from tinygrad.uop.ops import Ops
   def sources(keys) -> list[str]:   # the kernels compiled for this device since keys (tinygrad may render them in a pool of processes)
     return [u.arg for k, p in list(to_program_cache.items()) if k not in keys and k[1] is type(device.renderer)
             for u in p.src if u.op is Ops.SOURCE]
   for i, (name, _, fn, _) in enumerate(CASES if part == "cases" else []):
-    keys, t = set(to_program_cache), time.perf_counter()
+    keys, t, mark = set(to_program_cache), time.perf_counter(), len(loads)
     try:
       outs = fn(dev, quick)
       if tensors:=[v for v in outs.values() if isinstance(v, Tensor)]: Tensor.realize(*tensors)
@@ -318,6 +337,8 @@ def worker(role:str, part:str, d:pathlib.Path, quick:bool):
       srcs = sources(keys)
       res["cases"][name] = {"outputs": list(arrs), "seconds": time.perf_counter() - t, "kernels": len(srcs),
                             "simdgroup": sum(SIMDGROUP in s for s in srcs)}
+      if fn is c_llm and loads[mark:]:   # kind, name, data, nbufs, nvals, corearg, entry, arch
+        (d / LOADS).write_text(json.dumps([[k, nm, bytes(data).hex(), *rest] for k, nm, data, *rest in loads[mark:]]))
     except Exception:
       res["cases"][name] = {"error": trim(traceback.format_exc(), 60)}
   for fig in FIGURES if part == "figures" else []:
@@ -408,6 +429,7 @@ class Run:
     self.runner_events: list[str] = []   # the runner ended early, was started again
     self.crash: str|None = None          # this script's own failure, reported as such
     self.cases_mark: tuple[list, int]|None = None   # the first runner's log, and its length when the computations started
+    self.starts: dict|None = None   # the session starts (sessions)
 
   def step(self, what:str): print(f"mac_report: {what} ({time.perf_counter() - self.t0:.0f} s)", file=sys.stderr, flush=True)
 
@@ -490,6 +512,37 @@ class Run:
       mine[part] = got.get(part, {})
       if "error" in got: mine.setdefault("errors", {})[part] = (got["error"], out)
 
+  def session_start(self, addr:str, loads:list) -> float:
+    """One session: connect, the model's Tloads, a buffer and one waited launch of FIRST; seconds from connect to its answer."""
+    from client.connection import Runner
+    from client import protocol as P
+    t = time.perf_counter()
+    with Runner(addr) as r:
+      for i, (kind, name, data, nbufs, nvals, corearg, entry, arch) in enumerate(loads):
+        r.load(i + 1, kind, name, bytes.fromhex(data), nbufs, nvals, corearg=corearg, entry=entry, arch=arch)
+      r.alloc(1, 16)
+      r.load(len(loads) + 1, P.PROG_METAL_SOURCE, "mr_first", FIRST.encode(), 1, 0)
+      r.launch(len(loads) + 1, [(1, 0)], [], wait=True)
+      return time.perf_counter() - t
+
+  def sessions(self) -> dict:
+    """The start of a first and a second session of the llm case's kernels, on a runner with --isolation thread and on one with the
+    default process isolation (spawned sessions), each started for this alone, without MTL_DEBUG_LAYER."""
+    from runner_proc import RunnerProc
+    js = self.dir / LOADS
+    if not js.exists(): return {"error": "the runner process of the computations recorded no Tloads for 'llm decode' (its error is above)"}
+    loads, out = json.loads(js.read_text()), {"kernels": 0, "modes": {}}
+    out["kernels"] = len(loads)
+    from client import protocol as P
+    out["kind"] = "metallibs" if loads and loads[0][0] == P.PROG_METALLIB else "Metal source"
+    for mode, args in (("thread", ["--isolation", "thread"]), ("process", [])):
+      self.step(f"session starts: {mode} isolation")
+      r = RunnerProc("--backend", "metal", *args, binary=self.bin)
+      try: out["modes"][mode] = [self.session_start(r.addr, loads) for _ in range(2)]
+      except Exception: out["modes"][mode] = {"error": trim(traceback.format_exc(), 30) + "\n" + trim(r.log_text(), 20)}
+      finally: r.stop()
+    return out
+
   def compare(self, w:dict) -> list[dict]:
     rows = []
     for i, (name, what, _, (rtol, atol)) in enumerate(CASES):
@@ -533,6 +586,7 @@ class Run:
         self.fig_addr = self.runner.addr
         self.workers("figures", work)
         self.ensure_runner("the end")
+        self.starts = self.sessions()
     except Exception: self.crash = trim(traceback.format_exc(), 60)
     finally:
       if self.runner is not None:
@@ -622,6 +676,7 @@ class Report:
     self.tests_section()
     self.computations()
     self.figures()
+    self.session_starts()
     self.runner_log()
     self.add("## Sending this back", "",
              "Open an issue at the project with this file as its text (it is Markdown), or attach it. It holds no secrets: the machine "
@@ -800,6 +855,32 @@ class Report:
       if (err:=w[role].get("errors", {}).get("figures")):
         self.add(f"**The {role} process of the figures failed** ({err[0].splitlines()[0]}); its output:", "", code(trim(err[1], 60)), "")
 
+  def session_starts(self):
+    st = self.run.starts
+    if st is None: return
+    self.add("## Session start of a tinygrad.llm model" + ("" if MAC else " (NOT GPU figures)"), "")
+    if "error" in st:
+      self.add(st["error"], "")
+      return
+    self.add(f"A session of its own sends again the {st['kernels']} Tloads ({st['kind']}) that the runner process made for \"llm decode\" above "
+             "(tinygrad.llm's Transformer, its prefill and decode kernels), then allocates a buffer, loads one tiny kernel and launches it, "
+             "waiting: the time from connect to that launch's answer, in this script (loopback TCP). Two runners started for this, without "
+             "MTL_DEBUG_LAYER, each given two such sessions one after the other: with `--isolation thread` the second session takes every "
+             "pipeline from the runner's cache; with process isolation (the default) each session is a fresh process that compiles every "
+             "program again, and only the system's own caches (macOS keeps a shader cache under the runner's user's cache directory, "
+             "docs/service.md) can make the second faster than the first. The first sessions may find these kernels in that cache already, "
+             "from the steps above. This is the figure the default isolation mode rests on (issue 35, item 2).", "")
+    if not MAC:
+      self.add("**On Linux: the Metal emulator, whose compiled kernels come from its own disk cache; nothing here is a Mac's figure.**", "")
+    self.add("| isolation | first session | second session |", "|---|---|---|")
+    for mode, name in (("thread", "`--isolation thread`"), ("process", "process (spawned, the default)")):
+      v = st["modes"].get(mode)
+      if isinstance(v, list): self.add(f"| {name} | {v[0] * 1e3:.1f} ms | {v[1] * 1e3:.1f} ms |")
+      else: self.add(f"| {name} | error | error |")
+    self.add("")
+    for mode, v in st["modes"].items():
+      if isinstance(v, dict): self.add(f"**{mode} isolation: error**", "", code(v["error"]), "")
+
   def runner_log(self):
     if not self.build["ok"] or self.run.runner is None: return
     self.add("## Runner log", "")
@@ -824,6 +905,21 @@ class Report:
              f"Metal tests** (some provoke them on purpose), **{len(work)} during the computations and figures** (tinygrad's own kernels: "
              "any there is a bug to report).", "")
     if work: self.add(code(trim("\n".join(work), 20)), "")
+    self.reflection()
+
+  def reflection(self):
+    """What Metal's reflection gave for tinygrad's kernels: the runner logs the first few of each process at -v, and every one with a
+    binding reported unused."""
+    mark_log, mark = self.run.cases_mark or (None, 0)
+    lines = [ln for ln in (mark_log or [])[mark:] if "metal: reflection of kernel" in ln]
+    unused = [ln for ln in lines if "UNUSED" in ln]
+    self.add("### Reflection of tinygrad's kernels", "",
+             "What Metal's pipeline reflection gave for tinygrad's kernels during the computations (the runner logs, at -v, the first "
+             "8 kernels each process compiles and every kernel with a binding reported unused): each buffer binding's index, size, "
+             "alignment and whether the kernel uses it (`MTLBinding.used`, before macOS 13 `MTLArgument.isActive`). The runner holds only "
+             "used bindings to Tload's count and widths (issue 35, item 3); whether Apple's compiler lists a parameter a kernel does not "
+             f"use, and marks it so, is what these lines show. **{len(lines)} lines, {len(unused)} with a binding reported unused.**", "")
+    if lines: self.add(code(trim("\n".join(unused[:10] + [ln for ln in lines if ln not in unused][:10]), 24)), "")
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="See the docstring at the top of this file.")

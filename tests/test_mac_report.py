@@ -75,6 +75,17 @@ def test_report_on_linux(tmp_path):
                    report)
   # the refusals the runner logged: the test's misaligned offset, none from tinygrad's kernels
   assert "**1 during the Metal tests** (some provoke them on purpose), **0 during the computations and figures**" in report
+  # issue 35 item 2: the start of a session of the llm case's kernels, first and second, in both isolation modes
+  starts = {row[0]: row[1:] for row in table(report, "| isolation | first session | second session |")}
+  assert list(starts) == ["`--isolation thread`", "process (spawned, the default)"], starts
+  for mode, cells in starts.items(): assert all(re.fullmatch(r"[\d.]+ ms", c) for c in cells), (mode, cells)
+  m = re.search(r"A session of its own sends again the (\d+) Tloads \(Metal source\)", report)
+  assert m and int(m[1]) >= 5, "the llm case's Tloads were not replayed"
+  assert "nothing here is a Mac's figure" in report
+  # issue 35 item 3: what reflection gave for tinygrad's kernels, from the runner's -v log
+  m = re.search(r"\*\*(\d+) lines, (\d+) with a binding reported unused\.\*\*", report)
+  assert m and int(m[1]) >= 1, "no reflection lines from the computations"
+  assert re.search(r"metal: reflection of kernel \w+: \d+ buffer bindings: \[0\] \d+ B align \d+ (used|UNUSED)", report)
   first, second = re.search(r"METAL_RUNNER=(127\.0\.0\.1:\d+), the runner under MTL_DEBUG_LAYER=1", report), \
     re.search(r"through a second `daemon/metal_runner_emu` on (127\.0\.0\.1:\d+)", report)
   assert first and second and first[1] != second[1]

@@ -312,10 +312,17 @@ emu_not_a_buffer(const char *sel, NSUInteger type, NSUInteger index)
 @interface EmuBinding : NSObject <MTLBufferBinding> {
 @public
 	NSUInteger type, index, size, align;
+	BOOL used;
 }
 @end
 
 @implementation EmuBinding
+/* @property(readonly, getter=isUsed) BOOL used;  (macOS 13): whether the
+ * kernel's body names the parameter (library.c, param_used) */
+- (BOOL)isUsed
+{
+	return used;
+}
 - (MTLBindingType)type
 {
 	return (MTLBindingType)type;
@@ -341,10 +348,16 @@ emu_not_a_buffer(const char *sel, NSUInteger type, NSUInteger index)
 @interface EmuArgument : MTLArgument {
 @public
 	NSUInteger type, index, size, align;
+	BOOL used;
 }
 @end
 
 @implementation MTLArgument
+/* @property(readonly, getter=isActive) BOOL active;  as MTLBinding's used */
+- (BOOL)isActive
+{
+	return ((EmuArgument *)self)->used;
+}
 - (MTLArgumentType)type
 {
 	return (MTLArgumentType)((EmuArgument *)self)->type;
@@ -426,6 +439,7 @@ emu_reflection(const struct metal_emu_kernel *k, MTLPipelineOption options)
 		b->index = a->index = (NSUInteger)p->index;
 		b->size = a->size = p->size;
 		b->align = a->align = p->align;
+		b->used = a->used = p->used ? YES : NO;
 		bind[n] = b;
 		arg[n++] = a;
 	}

@@ -397,8 +397,13 @@ emu_exec(const struct emu_dispatch *d, char *err, size_t errlen)
 	unsigned n = d->tg[0] * d->tg[1] * d->tg[2], i;
 	int rc = 0;
 
+	/* An index left unbound (a parameter the kernel does not use: the
+	 * validation skips it) reads zeros, not NULL, as its thunk still
+	 * fetches every parameter. */
+	static uint64_t unbound[512];
+
 	for (i = 0; i < METAL_EMU_MAX_PARAMS; i++)
-		ptrs[i] = d->args[i].ptr;
+		ptrs[i] = d->args[i].ptr != NULL ? d->args[i].ptr : unbound;
 	emu_exec_init();
 	pthread_mutex_lock(&exec_lock);
 	if (!d->threaded) {

@@ -121,17 +121,46 @@ is_ident(int c)
  * parameter or a cast (metal_stdlib defines it as nothing). */
 #define TG_MARK "metal_emu_tg"
 
+/*
+ * Whether the kernel's body, b..be, names the parameter whose text is
+ * p..a (its name: the last identifier before any attribute): Apple's
+ * compiler reports a parameter its function does not use as unused in
+ * reflection (MTLBinding used, MTLArgument active NO). Here: the name
+ * appears in the body as a whole identifier, a reading of the source that
+ * a name used only in dead code or shadowed counts as used.
+ */
+static int
+param_used(const char *p, const char *a, const char *b, const char *be)
+{
+	const char *n, *ne, *q;
+	size_t len;
+
+	for (ne = a; ne > p && !is_ident((unsigned char)ne[-1]); ne--)
+		;
+	for (n = ne; n > p && is_ident((unsigned char)n[-1]); n--)
+		;
+	if ((len = (size_t)(ne - n)) == 0 || b == NULL)
+		return 1;
+	for (q = b; q + len <= be; q++)
+		if (memcmp(q, n, len) == 0 && (q == b ||
+		    !is_ident((unsigned char)q[-1])) && (q + len == be ||
+		    !is_ident((unsigned char)q[len])))
+			return 1;
+	return 0;
+}
+
 /* One parameter's text, p..e: its METAL_EMU_KERNEL entry. Without an
  * attribute a buffer takes the next buffer index, threadgroup memory the
- * next threadgroup index, as Metal assigns them. */
+ * next threadgroup index, as Metal assigns them. b..be: the kernel's body,
+ * or NULL (param_used). */
 static char *
 param_entry(const char *p, const char *e, int *next_index, int *next_tg,
-    struct buf *out)
+    const char *b, const char *be, struct buf *out)
 {
 	const char *a, *ae;
 	char attr[64];
 	size_t i, n;
-	int idx, tg;
+	int idx, tg, used;
 
 	while (p < e && isspace((unsigned char)*p))
 		p++;
@@ -139,13 +168,14 @@ param_entry(const char *p, const char *e, int *next_index, int *next_tg,
 	    strncmp(p, TG_MARK, strlen(TG_MARK)) == 0;
 	for (a = p; a + 1 < e && !(a[0] == '[' && a[1] == '['); a++)
 		;
+	used = param_used(p, a + 1 >= e ? e : a, b, be);
 	if (a + 1 >= e && tg)
-		return putf(out, ", {%d, 0, %d, 0}",
-		    METAL_EMU_PARAM_THREADGROUP, (*next_tg)++) ?
+		return putf(out, ", {%d, 0, %d, 0, 0, %d}",
+		    METAL_EMU_PARAM_THREADGROUP, (*next_tg)++, used) ?
 		    errf("out of memory") : NULL;
 	if (a + 1 >= e)
-		return putf(out, ", {0, 0, %d, 0}", (*next_index)++) ?
-		    errf("out of memory") : NULL;
+		return putf(out, ", {0, 0, %d, 0, 0, %d}", (*next_index)++,
+		    used) ? errf("out of memory") : NULL;
 	for (ae = a + 2; ae + 1 < e && !(ae[0] == ']' && ae[1] == ']'); ae++)
 		;
 	a += 2;
@@ -163,16 +193,16 @@ param_entry(const char *p, const char *e, int *next_index, int *next_tg,
 		    "with the attribute [[%s]]", attr);
 	for (i = 0; i < sizeof(builtins) / sizeof(builtins[0]); i++)
 		if (strcmp(attr, builtins[i].attr) == 0)
-			return putf(out, ", {0, %d, -1, 0}",
+			return putf(out, ", {0, %d, -1, 0, 0, 1}",
 			    builtins[i].builtin) ? errf("out of memory") : NULL;
 	if (sscanf(attr, "buffer(%d)", &idx) == 1 && idx >= 0 && idx < 31)
-		return putf(out, ", {0, 0, %d, 0}", idx) ?
+		return putf(out, ", {0, 0, %d, 0, 0, %d}", idx, used) ?
 		    errf("out of memory") : NULL;
 	/* Reflected, never run (queue.m): a runner must refuse it. */
 	if (sscanf(attr, "threadgroup(%d)", &idx) == 1 && idx >= 0 &&
 	    idx < 31)
-		return putf(out, ", {%d, 0, %d, 0}",
-		    METAL_EMU_PARAM_THREADGROUP, idx) ?
+		return putf(out, ", {%d, 0, %d, 0, 0, %d}",
+		    METAL_EMU_PARAM_THREADGROUP, idx, used) ?
 		    errf("out of memory") : NULL;
 	return errf("program_source: error: the Metal emulator does not "
 	    "support the kernel parameter attribute [[%s]]", attr);
@@ -185,7 +215,7 @@ param_entry(const char *p, const char *e, int *next_index, int *next_tg,
 static char *
 describe_kernels(const char *src, struct buf *out, int *nkernels)
 {
-	const char *p = src, *q, *name, *params, *end;
+	const char *p = src, *q, *name, *params, *end, *b, *be;
 	size_t namelen;
 	int depth, next_index, next_tg;
 	char *err;
@@ -217,6 +247,17 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 		}
 		if (putf(out, "\nMETAL_EMU_KERNEL(%.*s", (int)namelen, name))
 			return errf("out of memory");
+		/* The body, b..be, after the parameter list's ')': the
+		 * braces that follow it, matched (param_used). */
+		for (b = q + 1, depth = 1; *b != '\0' && depth > 0; b++)
+			depth += *b == '(' ? 1 : *b == ')' ? -1 : 0;
+		while (*b != '\0' && *b != '{' && *b != ';')
+			b++;
+		for (be = b, depth = 0; *b == '{' && *be != '\0'; be++)
+			if ((depth += *be == '{' ? 1 : *be == '}' ? -1 : 0) == 0)
+				break;
+		if (*b != '{' || *be != '}')
+			b = be = NULL;
 		/* Split the parameter list at commas outside brackets. */
 		params = ++q;
 		next_index = next_tg = 0;
@@ -231,7 +272,8 @@ describe_kernels(const char *src, struct buf *out, int *nkernels)
 				    isspace((unsigned char)end[-1]); end--)
 					;
 				if (end > params && (err = param_entry(params,
-				    end, &next_index, &next_tg, out)) != NULL)
+				    end, &next_index, &next_tg, b, be, out)) !=
+				    NULL)
 					return err;
 				params = q + 1;
 				if (*q == ')')

@@ -577,7 +577,11 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 	}
 	for (i = 0; i < k->nparams; i++) {
 		p = &k->params[i];
-		if (p->kind == METAL_EMU_PARAM_BUILTIN)
+		/* A parameter the kernel does not use (reflection: used NO)
+		 * is not checked: the emulator's reading of Apple's layer,
+		 * which validates a dispatch against the pipeline's
+		 * reflection; whether a Mac's checks one is not known. */
+		if (p->kind == METAL_EMU_PARAM_BUILTIN || !p->used)
 			continue;
 		if (p->kind == METAL_EMU_PARAM_THREADGROUP) {
 			[cb invalid:"Compute Function(%s): threadgroup memory "
@@ -667,8 +671,10 @@ arg_index_ok(EmuCommandBuffer *cb, NSUInteger index, const char *what)
 			c->d.args[i].len = bufs[i]->length - offsets[i];
 			c->d.args[i].bound = 1;
 		} else if (bytes[i] != NULL) {
-			if ((c->bytes[i] = malloc(lens[i] ? lens[i] : 1)) ==
-			    NULL)
+			/* Zero-padded: an unused parameter may be declared
+			 * wider than what was set (its thunk still reads it). */
+			if ((c->bytes[i] = calloc(1, lens[i] < 16 ? 16 :
+			    lens[i])) == NULL)
 				abort();
 			memcpy(c->bytes[i], bytes[i], lens[i]);
 			c->d.args[i].ptr = c->bytes[i];

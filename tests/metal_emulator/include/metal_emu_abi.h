@@ -76,6 +76,8 @@ struct metal_emu_param {
 				 * threadgroup table's for THREADGROUP, else -1 */
 	size_t size;		/* sizeof the pointee / referee; 0 for void */
 	size_t align;		/* its alignof (reflection's bufferAlignment) */
+	int used;		/* the kernel's body names it: reflection's
+				 * MTLBinding used, MTLArgument active */
 };
 
 struct metal_emu_kernel {

@@ -177,6 +177,11 @@ typedef NS_ENUM(NSUInteger, MTLArgumentType) {
 /* @property(readonly) NSUInteger index;
  * https://developer.apple.com/documentation/metal/mtlbinding/index */
 @property (readonly) NSUInteger index;
+/* @property(readonly, getter=isUsed) BOOL used;
+ * "A Boolean value that indicates whether the shader function uses the
+ * binding"
+ * https://developer.apple.com/documentation/metal/mtlbinding/isused */
+@property (readonly, getter=isUsed) BOOL used;
 @end
 
 /* A binding of type MTLBindingTypeBuffer conforms to this.
@@ -199,6 +204,11 @@ typedef NS_ENUM(NSUInteger, MTLArgumentType) {
 /* @property(readonly) NSUInteger index;
  * https://developer.apple.com/documentation/metal/mtlargument/index */
 @property (readonly) NSUInteger index;
+/* @property(readonly, getter=isActive) BOOL active;
+ * "A Boolean value that indicates whether this argument is active"
+ * (the function uses it)
+ * https://developer.apple.com/documentation/metal/mtlargument/isactive */
+@property (readonly, getter=isActive) BOOL active;
 /* @property(readonly) NSUInteger bufferAlignment;  (and bufferDataSize:
  * "If the argument is not a buffer, querying this property is a fatal
  * error.")
