@@ -276,8 +276,6 @@ mtl_nserr(char *err, const char *what, NSError *e)
 static void
 mtl_faulted(NSError *e, char *out, size_t len)
 {
-	NSArray<id <MTLCommandBufferEncoderInfo>> *all;
-	id <MTLCommandBufferEncoderInfo> x;
 	NSUInteger i, n;
 	const char *l;
 
@@ -285,6 +283,9 @@ mtl_faulted(NSError *e, char *out, size_t len)
 	if (e == nil)
 		return;
 	if (@available(macOS 11.0, *)) {
+		NSArray<id <MTLCommandBufferEncoderInfo>> *all;
+		id <MTLCommandBufferEncoderInfo> x;
+
 		all = [[e userInfo]
 		    objectForKey:MTLCommandBufferEncoderInfoErrorKey];
 		for (i = 0, n = all != nil ? [all count] : 0; i < n; i++) {
