@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "metal_runner.h"
+#include "proto.h"
 #include "session.h"
 
 /* Process isolation: a kernel that crashes or overruns its time ends its
@@ -45,31 +47,25 @@ sess_crash_install(void)
 }
 
 void
-sess_crash_arm(struct session *s, uint32_t tag, const char *name)
+sess_crash_arm(int fd, uint32_t tag, const char *name, int timeout)
 {
 	if (!sess_crash_handlers)
 		return;
-	/* A crash ends the session: whatever is queued must already be out,
-	 * so the handler's frame is the last and no error is lost. */
-	if (s->errqlen > 0 || s->dropped > 0 || s->outlen > 0) {
-		sess_drain_errors(s);
-		sess_flush(s);
-	}
-	crash_fd = s->fd;
+	crash_fd = fd;
 	crash_tag = tag;
 	crash_name = name;
-	if (s->ctx->cfg->kernel_timeout > 0)
-		alarm((unsigned)s->ctx->cfg->kernel_timeout);
+	if (timeout > 0)
+		alarm((unsigned)timeout);
 	crash_armed = 1;
 }
 
 void
-sess_crash_disarm(struct session *s)
+sess_crash_disarm(int timeout)
 {
 	if (!sess_crash_handlers)
 		return;
 	/* Cancel the alarm first: one that fires now is still the kernel's. */
-	if (s->ctx->cfg->kernel_timeout > 0)
+	if (timeout > 0)
 		alarm(0);
 	crash_armed = 0;
 }

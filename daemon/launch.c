@@ -19,6 +19,26 @@
 #include "monotime.h"
 #include "session.h"
 
+/* A crash ends the session: whatever is queued must already be out, so
+ * the handler's frame is the last and no error is lost (crash.c). */
+static void
+arm_crash(struct session *s, uint32_t tag, const char *name)
+{
+	if (!sess_crash_handlers)
+		return;
+	if (s->errqlen > 0 || s->dropped > 0 || s->outlen > 0) {
+		sess_drain_errors(s);
+		sess_flush(s);
+	}
+	sess_crash_arm(s->fd, tag, name, s->ctx->cfg->kernel_timeout);
+}
+
+static void
+disarm_crash(struct session *s)
+{
+	sess_crash_disarm(s->ctx->cfg->kernel_timeout);
+}
+
 static int
 scratch(struct session *s, size_t nlaunch, size_t nargs)
 {
@@ -176,16 +196,16 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 	/* Only FWAIT waits: the log level never changes what runs when,
 	 * nor which request a device error is reported to. */
 	l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog, 0, 0, 0);
-	sess_crash_arm(s, m->h.tag, name);
+	arm_crash(s, m->h.tag, name);
 	if (s->be->launch(s->bs, &l, 1, wait, &ns, s->err) == -1) {
-		sess_crash_disarm(s);
+		disarm_crash(s);
 		s->dirty = 1;	/* see sess_graphrun */
 		sess_prof_drop(s, l.span != NULL);
 		sess_errorf(s, m->h.tag, PROTO_EDEVICE, "kernel %s: %s", name,
 		    s->err);
 		return wait ? sess_fail_reply(s) : -1;
 	}
-	sess_crash_disarm(s);
+	disarm_crash(s);
 	s->dirty = !wait;
 	if (wait)
 		log_debug("session %u: %-24s global (%u,%u,%u) local (%u,%u,%u) "
@@ -422,10 +442,10 @@ sess_graphrun(struct session *s, const union proto_msg *m, const uint8_t *frame)
 			continue;
 		if (i > start) {
 			last = i == g->count;
-			sess_crash_arm(s, t->h.tag, gname);
+			arm_crash(s, t->h.tag, gname);
 			rc = s->be->launch(s->bs, s->launches + start,
 			    i - start, last && wait, &part, s->err);
-			sess_crash_disarm(s);
+			disarm_crash(s);
 			/* On failure the backend may have submitted some of
 			 * the kernels (backend.h): host access waits for
 			 * them. */

@@ -143,6 +143,11 @@ extern int sess_crash_handlers;
 extern char sess_crash_sigsys[128];
 void sess_crash_signal(int sig);
 void sess_crash_install(void);
+/* Around a kernel run in a session process (no-ops elsewhere): the client's
+ * socket, the request's tag and the kernel's name for the report, and the
+ * kernel time limit (s, 0: none). */
+void sess_crash_arm(int fd, uint32_t tag, const char *name, int timeout);
+void sess_crash_disarm(int timeout);
 
 /* net.c */
 int net_listen(const char *host, int port, int *bound_port, char *err);

@@ -213,10 +213,6 @@ sess_handler sess_graphrun;
 sess_handler sess_graphfree;
 void sess_release_graph(void *v, void *arg);	/* htab_clear callback */
 
-/* crash.c: around a kernel run in a session process (no-ops elsewhere) */
-void sess_crash_arm(struct session *s, uint32_t tag, const char *name);
-void sess_crash_disarm(struct session *s);
-
 /* cachereq.c */
 sess_handler sess_have;
 sess_handler sess_writehash;
