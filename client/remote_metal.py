@@ -65,12 +65,13 @@ def unusable(addr:str, e:Exception) -> RunnerUnavailable:
   if isinstance(e, ValueError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}; {where}")   # not host:port
   return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}")
 
-# sessions opened to choose the default device (use_runner_by_default), each taken by the device that then opens on its address
-connected: dict[str, Runner] = {}
+# sessions opened to check every runner named before the program starts (use_runner_by_default), each taken by the device that then
+# opens on its address: one connection per device, never a check and then another (a relay or a firewall may allow only one)
+connected: dict[str, list[Runner]] = {}
 
 def connect(addr:str) -> Runner:
   """A session on the runner at addr (the token from METAL_RUNNER_TOKEN_FILE); RunnerUnavailable if it cannot be used."""
-  if (r:=connected.pop(addr, None)) is not None: return r
+  if connected.get(addr): return connected[addr].pop(0)   # one the runner dropped meanwhile (--idle-timeout) resumes at its first use
   try: return Runner(addr)
   except (RunnerError, ValueError, OSError) as e: raise unusable(addr, e) from e
 
@@ -400,16 +401,13 @@ def use_runner_by_default():
   """With METAL_RUNNER set and DEV unset: the first runner's device (METAL for a Metal backend, REMOTE for a CPU one) becomes tinygrad's
   default, here and in child processes, and is opened now, so a runner that cannot be used stops the program before it computes
   anything (RunnerUnavailable) instead of leaving its work to tinygrad's CPU device. Every other runner named is checked at the same
-  time (a session opened and closed: the device opens its own when the program first uses it). DEV, when set, is the user's choice."""
+  time: its session waits for the device that opens on it (connected). DEV, when set, is the user's choice."""
   if DEV.device or os.environ.get("DEV"): return
   if not (addrs:=runner_addrs()): return
-  r, *others = check_runners(addrs)
-  for o in others: o.close()
-  connected[addrs[0]] = r   # the device below takes this session: one connection, not a probe and then another
-  DEV.value = os.environ["DEV"] = dev = "METAL" if r.info.backend == "metal" else "REMOTE"   # as tinygrad sets DEV for its children
-  try: Device[dev]
-  finally:
-    if (left:=connected.pop(addrs[0], None)) is not None: left.close()   # METAL_RUNNER=auto: the device's own discovery chose another
+  runners = check_runners(addrs)
+  for a, r in zip(addrs, runners): connected.setdefault(a, []).append(r)
+  DEV.value = os.environ["DEV"] = dev = "METAL" if runners[0].info.backend == "metal" else "REMOTE"   # as tinygrad sets DEV for children
+  Device[dev]
 
 def frames(nbytes:int, step:int) -> int: return max(1, -(-nbytes // step))   # Twrite/Tread frames (and so profile records) of a copy
 
@@ -433,6 +431,8 @@ def _shutdown():  # runs before tinygrad's own atexit (registered earlier): clos
         try: dev.synchronize()
         except RuntimeError as e: print(f"{dn}: the runner's last profile records are lost: {e}", file=sys.stderr)
       dev.finalize()
+  for left in connected.values():   # checked at the start, never used by a device
+    for r in left: r.close()
   for proc in local_runners: stop_runner(proc)
 
 try: apply_names()   # runners by name (~/.metal_runner_config, client/settings.py): addresses from here on, for children too

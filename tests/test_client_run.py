@@ -511,6 +511,15 @@ def test_every_runner_named_is_checked_before_the_program_starts(scripts, shared
     lines = p.stderr.splitlines()
     assert len(lines) == len(bad) and all(a in ln and "nothing listens" in ln for a, ln in zip(bad, lines)), p.stderr
 
+def test_a_runner_checked_at_the_start_and_used_later_gets_a_new_session_if_its_first_ended(tmp_path):
+  """The session each runner is checked with waits for its device; one the runner dropped meanwhile (its --idle-timeout) is resumed at
+  the device's first use (client/resume.py), not handed to it dead."""
+  (tmp_path / "later.py").write_text("import time\nfrom tinygrad import Tensor\nprint((Tensor([1.0]) + 1).tolist(), flush=True)\n"
+                                     "time.sleep(2.5)\nprint((Tensor([1.0], device='REMOTE:1') + 2).tolist())\n")
+  with runner() as a, runner("--idle-timeout", "1") as b:
+    p = client_run("--runner", f"{a.addr},{b.addr}", str(tmp_path / "later.py"))
+  assert p.returncode == 0 and p.stdout == "[2.0]\n[3.0]\n", (p.stdout, p.stderr[-3000:])
+
 @pytest.mark.parametrize("how", ["client run", "import"])
 def test_a_host_alone_is_the_runner_at_port_6667(scripts, how):
   addr = "macbok.invalid"   # never resolves (RFC 6761): the line shows the address as it was understood
