@@ -196,3 +196,16 @@ def test_the_runner_lets_go_of_the_gpu_its_sessions_do_not_use(iso):
     a.close(); b.close()
   finally:
     r.stop()
+
+def test_a_session_with_a_cache_helper_compiles_a_kernel_never_compiled_before(tmp_path):
+  # a session with --cache-dir forks its cache helper and ignores SIGCHLD (the kernel reaps the helper); the emulator's compiler
+  # (clang, spawned by the session to compile a kernel) inherited that and lost its own children's status: a kernel not yet in
+  # the emulator's disk cache failed to load ("cannot fill its cache"). METAL_EMU_CACHE: an empty cache, so add1 is compiled
+  needs_own_metal_runner()
+  r = metal_runner_proc("--cache-dir", str(tmp_path / "cache"), env={"METAL_EMU_CACHE": str(tmp_path / "emu")})
+  try:
+    c = session(r.addr)
+    assert add1(c) == [2.0, 3.0, 4.0, 5.0]
+    c.close()
+  finally:
+    r.stop()

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -498,9 +499,11 @@ run_compiler(const char *srcpath, const char *outpath, unsigned version,
 	    "-fno-caret-diagnostics",
 	    "-I", METAL_EMU_INCLUDE, vdef, "-o", outpath, srcpath, NULL };
 	posix_spawn_file_actions_t fa;
+	posix_spawnattr_t sa;
+	sigset_t def;
 	struct buf b = { NULL, 0, 0 };
 	char tmp[4096];
-	int pfd[2], status;
+	int pfd[2], status = -1;
 	ssize_t r;
 	pid_t pid;
 
@@ -512,8 +515,18 @@ run_compiler(const char *srcpath, const char *outpath, unsigned version,
 	posix_spawn_file_actions_adddup2(&fa, pfd[1], 1);
 	posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	errno = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv,
+	/* The compiler waits for its own children (cc1, the linker): it
+	 * gets SIGCHLD's default, whatever this process has (a runner's
+	 * session with a cache helper ignores SIGCHLD, which an exec keeps,
+	 * and clang then lost its children's status and made no library). */
+	posix_spawnattr_init(&sa);
+	sigemptyset(&def);
+	sigaddset(&def, SIGCHLD);
+	posix_spawnattr_setsigdefault(&sa, &def);
+	posix_spawnattr_setflags(&sa, POSIX_SPAWN_SETSIGDEF);
+	errno = posix_spawnp(&pid, argv[0], &fa, &sa, (char *const *)argv,
 	    environ);
+	posix_spawnattr_destroy(&sa);
 	posix_spawn_file_actions_destroy(&fa);
 	close(pfd[1]);
 	if (errno != 0) {
@@ -527,9 +540,16 @@ run_compiler(const char *srcpath, const char *outpath, unsigned version,
 		if (r > 0 && b.n < MAX_ERR)
 			put(&b, tmp, (size_t)r);
 	close(pfd[0]);
-	while (waitpid(pid, &status, 0) == -1 && errno == EINTR)
-		;
-	if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+	while (waitpid(pid, &status, 0) == -1) {
+		if (errno == EINTR)
+			continue;
+		/* SIGCHLD ignored here: the kernel reaped it, its status is
+		 * gone. It has ended (its output closed): it succeeded if it
+		 * said nothing (-w) and made the library. */
+		status = b.n == 0 && access(outpath, R_OK) == 0 ? 0 : -1;
+		break;
+	}
+	if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
 		free(b.p);
 		return NULL;
 	}
