@@ -46,6 +46,7 @@
 #include <sys/types.h>
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,8 +269,26 @@ cache_link_open(void)
 void
 cache_link_close(struct cache_link *l)
 {
+	struct pollfd p;
+	uint8_t c;
+	int i;
+
 	if (l == NULL)
 		return;
+	if (l->fd >= 0) {
+		/* The helper stores what was PUT before it reads the end of
+		 * the socket, and it dies with this process: a session that
+		 * ended right after an FCACHE write lost the content. So say
+		 * the end and give the helper up to 2 s to close its side
+		 * (shutdown, poll and read: what the confined session may). */
+		shutdown(l->fd, SHUT_WR);
+		p.fd = l->fd;
+		p.events = POLLIN;
+		for (i = 0; i < 100 && poll(&p, 1, 20) >= 0; i++)
+			if ((p.revents & (POLLIN | POLLHUP)) != 0 &&
+			    read(l->fd, &c, 1) <= 0)
+				break;
+	}
 	if (l->fd != -1)
 		close(l->fd);
 	cache_pins_free(l->pins);
