@@ -416,31 +416,39 @@ emu_dictionary(id key, id value)
 }
 @end
 
-NSError *
-emu_error_info(long code, NSDictionary *info, const char *fmt, ...)
+static NSError *
+emu_verror(long code, NSDictionary *info, const char *fmt, va_list ap)
 {
 	EmuError *e = (EmuError *)[EmuError allocPlain];
-	va_list ap;
 
-	va_start(ap, fmt);
 	e->desc = emu_vstring(fmt, ap);
-	va_end(ap);
 	e->code = code;
 	e->info = [info retain];
 	return [e autorelease];
 }
 
 NSError *
-emu_error(long code, const char *fmt, ...)
+emu_error_info(long code, NSDictionary *info, const char *fmt, ...)
 {
-	EmuError *e = (EmuError *)[EmuError allocPlain];
+	NSError *e;
 	va_list ap;
 
 	va_start(ap, fmt);
-	e->desc = emu_vstring(fmt, ap);
+	e = emu_verror(code, info, fmt, ap);
 	va_end(ap);
-	e->code = code;
-	return [e autorelease];
+	return e;
+}
+
+NSError *
+emu_error(long code, const char *fmt, ...)
+{
+	NSError *e;
+	va_list ap;
+
+	va_start(ap, fmt);
+	e = emu_verror(code, nil, fmt, ap);
+	va_end(ap);
+	return e;
 }
 
 /*
