@@ -179,12 +179,10 @@ sess_launch(struct session *s, const union proto_msg *m, const uint8_t *frame)
 		int64_t t0 = mono_ns();
 		l.span = sess_prof_add(s, PROTO_PROF_LAUNCH, m->h.tag, pl.prog,
 		    0, 0, (uint64_t)vals[0]);
-		if (run_link(s, m->h.tag, pl.prog, args, vals, l.span) == -1) {
-			link_drain(s);
-			sess_prof_drop(s, l.span != NULL);
-			return wait ? sess_fail_reply(s) : -1;
-		}
-		if (link_flush(s, m->h.tag) == -1) {
+		/* One entry: a failed one leaves no bytes of this request kept
+		 * (link.c), so there is nothing to drain. */
+		if (run_link(s, m->h.tag, pl.prog, args, vals, l.span) == -1 ||
+		    link_flush(s, m->h.tag) == -1) {
 			sess_prof_drop(s, l.span != NULL);
 			return wait ? sess_fail_reply(s) : -1;
 		}
