@@ -126,11 +126,15 @@ def start_local_runner(backend:str) -> str:
 # on the runners (a minute, holding their memory) and a local runner would outlive the program. So the program ends as on Ctrl-C, a
 # SystemExit unwinding it, and atexit ends the sessions at once and stops the local runners; then it dies by the signal, as it would
 # have. Only where the program left the signal's default action, only from the main thread (a handler can be set only there). A SIGKILL
-# cannot be caught: it ends the local runners by closing their stdin (--exit-with-stdin).
+# cannot be caught: it ends the local runners by closing their stdin (--exit-with-stdin). Not in a multiprocessing child (tinygrad's
+# compile workers import this module to unpickle the renderer's compiler): Pool.terminate() SIGTERMs its workers and joins them, and a
+# worker that unwound instead of dying could leave the pool's shared queue lock taken, so that the next one, and the program's exit,
+# waited forever (seen at exit after a Metal runner compiled in parallel, about 1 run in 6 on a loaded 2-core machine).
 terminated: list[int] = []
 
 def end_cleanly_on_signals():
   if threading.current_thread() is not threading.main_thread(): return
+  if (mp:=sys.modules.get("multiprocessing")) is not None and mp.parent_process() is not None: return
   def unwind(signum, frame):
     if terminated:   # a second one while unwinding: at once
       for proc in local_runners: stop_runner(proc)

@@ -406,6 +406,24 @@ def test_a_terminated_program_ends_its_sessions_at_once(scripts, how, sig):
   assert "waiting up to" not in log and "ended: the client disconnected" in log, log
   assert "Traceback" not in p.stderr.read()
 
+SIGTERM_IN_A_WORKER = """
+import multiprocessing, signal
+def default(_):
+  import client.remote_metal   # as a tinygrad compile worker does, unpickling the renderer's compiler
+  return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+if __name__ == "__main__":
+  import client.remote_metal
+  with multiprocessing.get_context("spawn").Pool(1) as pool: print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, pool.map(default, [0]))
+"""
+
+def test_a_compile_worker_keeps_sigterms_default_so_the_pool_can_end_it(tmp_path):
+  """Pool.terminate() (at exit, after tinygrad compiled in parallel) SIGTERMs its workers and joins them: one that unwound instead of
+  dying could leave the pool's queue lock taken and the program hung at exit (CI, test_cache_loads). The program itself unwinds."""
+  (tmp_path / "w.py").write_text(SIGTERM_IN_A_WORKER)
+  e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
+  p = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env={**e, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+  assert (p.returncode, p.stdout) == (0, "False [True]\n"), p.stderr[-3000:]
+
 METAL_CLIENT = os.path.join(os.path.dirname(sys.executable), "metal-client")   # the command setup.sh's pip install makes
 
 def test_the_metal_client_command_runs_a_program_beside_a_client_py_of_the_users(shared, tmp_path):
