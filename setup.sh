@@ -6,10 +6,10 @@
 # emulator, a test harness), systemd-analyze, Avahi (daemon and client
 # library) and dbus-daemon, the arm64 and riscv64 cross compilers with their
 # C libraries and qemu-user (Debian: cross builds, and runners of those CPUs
-# under emulation, a test harness), creates .venv with the client and its test
-# dependencies (among them zig, PyPI's ziglang: the macOS build checked on
-# Linux), and builds daemon/metal_runner (and, for tests on Linux,
-# daemon/metal_runner_emu).
+# under emulation, a test harness), creates .venv with the client, tinygrad and
+# numpy (with "test" also the test dependencies, among them zig, PyPI's
+# ziglang: the macOS build checked on Linux), and builds daemon/metal_runner
+# (and, for tests on Linux, daemon/metal_runner_emu).
 set -eu
 cd "$(dirname "$0")"
 
@@ -73,12 +73,23 @@ esac
 if [ ! -x .venv/bin/python ]; then
 	python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import client, tinygrad, pytest, cffi, zeroconf, ziglang, gguf, openai' 2>/dev/null ||
-   [ ! -x .venv/bin/metal-client ]; then
-	.venv/bin/python -m pip install -q --upgrade pip
-	.venv/bin/python -m pip install -q -e ".[test]"
+# The main job needs the client, tinygrad and numpy (the examples); the tests
+# also their tools, among them zig (about 50 MB), so only "test" fetches those.
+if [ "${1:-}" = test ]; then
+	extra=test mods="client, tinygrad, numpy, pytest, cffi, zeroconf, ziglang, gguf, openai"
+else
+	extra=examples mods="client, tinygrad, numpy"
 fi
-make -s -C daemon
+if ! .venv/bin/python -c "import $mods" 2>/dev/null || [ ! -x .venv/bin/metal-client ]; then
+	# pip before 21.3 cannot install -e from pyproject.toml alone; a newer
+	# one is left as it is (upgrading it cost seconds at every fresh setup)
+	.venv/bin/python -c 'import pip, sys; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (21, 3))' ||
+		.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	# --no-compile: tinygrad's 40 MB of sources are byte-compiled as
+	# imported, not all at install (that halved the install here)
+	.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -e ".[$extra]"
+fi
+make -s -j"$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)" -C daemon
 if [ "${1:-}" = test ] && [ "$(uname -s)" = Linux ]; then
 	make -s -C daemon emu	# daemon/metal_runner_emu: the Metal emulator
 	make -s -C daemon metal_runner_avahi	# --advertise tests (tests/test_discovery.py)
