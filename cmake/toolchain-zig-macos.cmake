@@ -1,10 +1,10 @@
-# The macOS build checked on Linux: CMakeLists.txt's Apple path (runner.m,
-# dns_sd, the frameworks) compiled and linked for arm64 (macOS 11) or x86_64
-# (macOS 10.15, the oldest docs/metal.md names) by zig cc, from PyPI's
-# ziglang (the test extra), which carries Darwin's libc headers and
-# libSystem's link stubs. tests/test_macos_build.py builds both with
-# -DCMAKE_COMPILE_WARNING_AS_ERROR=ON; daemon/Makefile's macos-check is the
-# same through the Makefile.
+# The macOS build checked on Linux: CMakeLists.txt's Apple path (the Metal
+# backend, METAL_SOURCES; dns_sd; the frameworks) compiled and linked for
+# arm64 (macOS 11) or x86_64 (macOS 10.15, the oldest docs/metal.md names) by
+# zig cc, from PyPI's ziglang (the test extra), which carries Darwin's libc
+# headers and libSystem's link stubs. tests/test_macos_build.py builds both
+# with -DCMAKE_COMPILE_WARNING_AS_ERROR=ON; daemon/Makefile's macos-check is
+# the same through the Makefile.
 #   cmake -S . -B build-macos -DCMAKE_TOOLCHAIN_FILE=cmake/toolchain-zig-macos.cmake \
 #     -DMACOS_ARCH=arm64 [-DZIG=/path/to/zig] && cmake --build build-macos
 #
@@ -12,13 +12,14 @@
 # targets: zig cc ignores -mmacosx-version-min (which CMakeLists.txt passes, as
 # a Mac's clang needs) and takes the minimum macOS from its target triple only.
 #
-# zig has no Apple SDK, so what is not Darwin's libc stands in: runner.m is
-# compiled against tests/metal_stub (the project's Metal, Foundation, objc
-# and dispatch declarations, written from Apple's documentation),
-# advertise_dnssd.c against Avahi's dns_sd.h (its copy of Apple's dns_sd
-# API; Debian: libavahi-compat-libdnssd-dev), and the frameworks are not
-# linked: their symbols are left to dynamic lookup. The result proves the
-# sources compile and link for macOS; it is not a binary to run or install.
+# zig has no Apple SDK, so what is not Darwin's libc stands in: the Metal
+# backend is compiled against tests/metal_stub (the project's Metal,
+# Foundation, objc and dispatch declarations, written from Apple's
+# documentation), advertise_dnssd.c against Avahi's dns_sd.h (its copy of
+# Apple's dns_sd API; Debian: libavahi-compat-libdnssd-dev), and the
+# frameworks are not linked: their symbols are left to dynamic lookup. The
+# result proves the sources compile and link for macOS; it is not a binary to
+# run or install.
 set(CMAKE_SYSTEM_NAME Darwin)
 if(NOT MACOS_ARCH)
   set(MACOS_ARCH arm64)

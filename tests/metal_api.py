@@ -1,7 +1,8 @@
 """What daemon/runner.m sends to Metal, as the compiler sees it, and the pinned PyPI downloads it is checked against.
 
-Shared by tests/test_metal_api_metalcpp.py (Apple's metal-cpp headers) and tests/test_metal_api_pyobjc.py (PyObjC's metadata
-for Metal). runner.m is compiled against tests/metal_stub with clang for the GNU Objective-C runtime ABI, whose output names
+"runner.m" here is the Metal backend: daemon/runner.m and the daemon/mtl_*.m files it is split into (RUNNER_SOURCES), each
+compiled on its own, their lists joined. Shared by tests/test_metal_api_metalcpp.py (Apple's metal-cpp headers) and
+tests/test_metal_api_pyobjc.py (PyObjC's metadata for Metal). runner.m is compiled against tests/metal_stub with clang for the GNU Objective-C runtime ABI, whose output names
 each selector sent (.objc_sel_name<selector>, an object-file symbol) with the type encoding of the declaration clang chose for
 it (the typed selector list, .objc_selector_list), and each class messaged (__objc_class_name_<class>). Those lists are exact,
 not a regex over the source.
@@ -19,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = ROOT / "daemon" / "runner.m"
+# The Metal backend's sources (daemon/Makefile's MTL): every .m file in daemon/ (their shared header, mtl.h, sends nothing).
+RUNNER_SOURCES = sorted((ROOT / "daemon").glob("*.m"))
 STUB = ROOT / "tests" / "metal_stub"
 CLANG = shutil.which("clang")
 NM = shutil.which("nm") or shutil.which("llvm-nm")
@@ -42,12 +45,14 @@ def stub_constants(stub: Path = STUB) -> set[str]:
   return set(re.findall(r"^extern\s+\w+\s+const\s+((?:MTL|NS)[A-Z]\w*)\s*;", text, flags=re.M))
 
 
-def runner_symbols(src: Path = RUNNER, stub: Path = STUB) -> dict[str, set[str]]:
-  """The selectors runner.m sends, the classes it messages and the MTL/NS C functions it calls, from the object's symbols."""
+def runner_symbols(srcs: list[Path] = RUNNER_SOURCES, stub: Path = STUB) -> dict[str, set[str]]:
+  """The selectors runner.m sends, the classes it messages and the MTL/NS C functions it calls, from the objects' symbols."""
+  nm = ""
   with tempfile.TemporaryDirectory() as tmp:
-    obj = Path(tmp) / "runner.o"
-    _compile(src, stub, obj, "-c")
-    nm = subprocess.run([NM, str(obj)], capture_output=True, text=True, timeout=60, check=True).stdout
+    for src in srcs:
+      obj = Path(tmp) / f"{src.stem}.o"
+      _compile(src, stub, obj, "-c")
+      nm += subprocess.run([NM, str(obj)], capture_output=True, text=True, timeout=60, check=True).stdout
   syms = [(line.split()[-2], line.split()[-1]) for line in nm.splitlines() if len(line.split()) >= 2]
   consts = stub_constants(stub)
   out = {"selectors": {s[len(".objc_sel_name"):] for _, s in syms if s.startswith(".objc_sel_name")},
@@ -68,23 +73,25 @@ def _llvm_strings(ir: str) -> dict[str, bytes]:
   return out
 
 
-def runner_method_types(src: Path = RUNNER, stub: Path = STUB) -> dict[str, set[str]]:
+def runner_method_types(srcs: list[Path] = RUNNER_SOURCES, stub: Path = STUB) -> dict[str, set[str]]:
   """{selector: the Objective-C type encodings runner.m sends it with}: the GNU runtime's typed selector list, where each
   selector a message uses is paired with the method type encoding of the declaration clang resolved it to
   ("@40@0:8r^v16Q24Q32" for -initWithBytes:length:encoding:). An empty set: sent only untyped (no declaration)."""
+  out = {}
   with tempfile.TemporaryDirectory() as tmp:
-    ll = Path(tmp) / "runner.ll"
-    _compile(src, stub, ll, "-S", "-emit-llvm")
-    ir = ll.read_text()
-  m = re.search(r"^@\.objc_selector_list = [^\n]*? \[(.*)\], align", ir, re.M)
-  assert m, "no .objc_selector_list in clang's output: has the GNU runtime's code generation changed?"
-  strings, out = _llvm_strings(ir), {}
-  refs = re.findall(r'@("[^"]+"|[-\w.$]+)|\b(null)\b', m.group(1))
-  assert len(refs) % 2 == 0, f"cannot pair the selector list's entries: {m.group(1)[:500]}"
-  for (name, _), (types, null) in zip(refs[0::2], refs[1::2]):
-    sel = strings[name.strip('"')].decode()
-    out.setdefault(sel, set())
-    if not null: out[sel].add(strings[types.strip('"')].decode())
+    for src in srcs:
+      ll = Path(tmp) / f"{src.stem}.ll"
+      _compile(src, stub, ll, "-S", "-emit-llvm")
+      ir = ll.read_text()
+      m = re.search(r"^@\.objc_selector_list = [^\n]*? \[(.*)\], align", ir, re.M)
+      assert m, f"no .objc_selector_list in clang's output for {src.name}: has the GNU runtime's code generation changed?"
+      strings = _llvm_strings(ir)
+      refs = re.findall(r'@("[^"]+"|[-\w.$]+)|\b(null)\b', m.group(1))
+      assert len(refs) % 2 == 0, f"cannot pair the selector list's entries: {m.group(1)[:500]}"
+      for (name, _), (types, null) in zip(refs[0::2], refs[1::2]):
+        sel = strings[name.strip('"')].decode()
+        out.setdefault(sel, set())
+        if not null: out[sel].add(strings[types.strip('"')].decode())
   return out
 
 

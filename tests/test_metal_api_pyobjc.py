@@ -46,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from metal_api import (CLANG, NM, ROOT, RUNNER, STUB, pinned_pypi_file, runner_method_types, runner_symbols, stub_encodings,
+from metal_api import (CLANG, NM, ROOT, RUNNER_SOURCES, STUB, pinned_pypi_file, runner_method_types, runner_symbols, stub_encodings,
                        stub_enum_values, stub_functions, stub_method_containers, stub_method_types)
 
 # ---- the pinned PyObjC metadata ------------------------------------------------------------------------------------------
@@ -415,12 +415,15 @@ def test_c_functions_match_pyobjc(pyobjc, bool_code):
 # ---- d. the checks can fail ------------------------------------------------------------------------------------------------
 
 def _mutated(tmp_path, edits: list[tuple[str, str]], runner_tail: str = ""):
-  """Copies of tests/metal_stub and runner.m with each old text (present exactly once in one file) replaced."""
-  stub, runner = tmp_path / "metal_stub", tmp_path / "runner.m"
+  """Copies of tests/metal_stub and runner.m (the Metal backend's sources, runner_tail after runner.m's) with each old text
+  (present exactly once in one file) replaced."""
+  stub, daemon = tmp_path / "metal_stub", tmp_path / "daemon"
   shutil.copytree(STUB, stub)
-  runner.write_text(RUNNER.read_text() + runner_tail)
+  daemon.mkdir()
+  runner = [daemon / s.name for s in RUNNER_SOURCES]
+  for s, d in zip(RUNNER_SOURCES, runner): d.write_text(s.read_text() + (runner_tail if s.name == "runner.m" else ""))
   for old, new in edits:
-    hits = [h for h in [*stub.rglob("*.h"), runner] if old in h.read_text()]
+    hits = [h for h in [*stub.rglob("*.h"), *runner] if old in h.read_text()]
     assert len(hits) == 1 and hits[0].read_text().count(old) == 1, f"{old!r} is no longer in tests/metal_stub or runner.m once: update this test"
     hits[0].write_text(hits[0].read_text().replace(old, new))
   return stub, runner

@@ -1,4 +1,4 @@
-"""Type check of the Metal backend, daemon/runner.m, on Linux.
+"""Type check of the Metal backend, daemon/runner.m (and the daemon/mtl_*.m files it is split into: "runner.m" below), on Linux.
 
 This is a type check only, not a run: nothing here executes Metal or needs a GPU. clang parses daemon/runner.m as
 Objective-C against tests/metal_stub/, headers that declare exactly the Foundation, Metal and dispatch API runner.m uses,
@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNNER = ROOT / "daemon" / "runner.m"
+# The Metal backend's sources (daemon/Makefile's MTL): every .m file in daemon/, and the header they share.
+RUNNER = sorted((ROOT / "daemon").glob("*.m"))
+SHARED = ROOT / "daemon" / "mtl.h"
 STUB = ROOT / "tests" / "metal_stub"
 CLANG = shutil.which("clang")
 
@@ -38,16 +40,15 @@ FLAGS = ["-fsyntax-only", "-x", "objective-c", "-fblocks", "-fobjc-runtime=macos
          "-Wall", "-Wextra", "-Wmissing-variable-declarations", "-Wmissing-prototypes", "-Werror"]
 
 
-def typecheck(src: Path, flags=FLAGS) -> subprocess.CompletedProcess:
-  cmd = [CLANG, *flags, "-I", str(STUB), "-I", str(ROOT / "daemon"), str(src)]
+def typecheck(srcs: list[Path], flags=FLAGS) -> subprocess.CompletedProcess:
+  cmd = [CLANG, *flags, "-I", str(STUB), "-I", str(ROOT / "daemon"), *map(str, srcs)]
   return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def broken_copy(tmp_path: Path, old: str, new: str) -> Path:
-  src = RUNNER.read_text()
-  assert src.count(old) == 1, f"runner.m no longer contains {old!r} exactly once: update this test"
-  out = tmp_path / "runner.m"
-  out.write_text(src.replace(old, new))
+def broken_copy(tmp_path: Path, old: str, new: str) -> list[Path]:
+  assert sum(s.read_text().count(old) for s in RUNNER) == 1, f"runner.m no longer contains {old!r} exactly once: update this test"
+  out = [tmp_path / s.name for s in RUNNER]
+  for s, o in zip(RUNNER, out): o.write_text(s.read_text().replace(old, new))
   return out
 
 
@@ -91,7 +92,7 @@ def test_arc_build_is_refused():
 
 def test_stubs_declare_only_what_runner_uses():
   # The stubs are a record of exactly the API runner.m depends on; a declaration nothing uses is stale.
-  code = RUNNER.read_text()
+  code = "".join(s.read_text() for s in [*RUNNER, SHARED])
   names = set()
   for h in STUB.rglob("*.h"):
     text = re.sub(r"/\*.*?\*/", "", h.read_text(), flags=re.S)
