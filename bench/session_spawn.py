@@ -11,7 +11,7 @@ runs (min and max too):
            session compiles nothing; the first session of each batch is dropped for that reason.
   spawn    --isolation process (the Metal default): the runner posix_spawns a fresh process of itself per connection and hands it the
            socket (daemon/isolate.c); that process opens the device (taking the runner's answer to the one-line probe kernel,
-           runner.m's mtl_probe, rather than compiling it again) and compiles the session's kernels again (its pipeline cache
+           mtl_programs.m's mtl_probe, rather than compiling it again) and compiles the session's kernels again (its pipeline cache
            starts empty). The emulator's compiled kernels come from its disk
            cache here in both modes (as a Mac's Metal shader cache would serve a second process).
 """
