@@ -34,6 +34,8 @@ bench/tg_worker.py); this process starts the servers, pins processes and keeps t
   9. llmrunners    only with --only llmrunners (about 15 minutes, --quick 1 rep): one model across runners, bench/llm_runners.py:
                    tinygrad.llm's --benchmark on one CPU runner against two and three holding a range of blocks each, the bytes each
                    received against its share, and runners of unequal speed, speed-aware against memory-only placement
+ 10. llmfirsttoken only with --only llmfirsttoken (about 10 minutes, --quick 1 rep): time to first token of the same model through
+                   tinygrad.llm's server on one CPU runner against two and three, bench/llm_first_token.py
 
 Round trips (C echo, ping, tinygrad's launch + read) are taken twice, with the server side (echo server, the runner's session process,
 0.11's server) pinned to the first CPU and the client pinned to the same CPU ("1 CPU") or to the second ("2 CPUs"): on a VM, waking a
@@ -824,6 +826,8 @@ MULTI: dict = {}   # --only multi: bench/multirunner.py's runs
 import multirunner  # noqa: E402
 LLM_RUNNERS: dict = {}   # --only llmrunners: bench/llm_runners.py's runs
 import llm_runners  # noqa: E402
+LLM_FIRST_TOKEN: dict = {}   # --only llmfirsttoken: bench/llm_first_token.py's runs
+import llm_first_token  # noqa: E402
 
 def git(*a) -> str:
   return subprocess.check_output(["git", "-C", ROOT, *a], text=True, stderr=subprocess.PIPE).strip()
@@ -847,13 +851,13 @@ def main():
   ap.add_argument("--reps", type=int, default=None, help="runs per figure (default 5, --quick 3; with --compare 7, --quick 5)")
   ap.add_argument("--only", default="link,conc,tinygrad,footprint,features", help="sections, from link,conc,tinygrad,footprint,features,network "
                   "(network: over emulated links, bench/netbench.py; not in the default set, it takes about 15 minutes; multi: several runners as one, "
-                  "bench/multirunner.py, not in the default set either; llmrunners: one model across runners, bench/llm_runners.py, nor that)")
+                  "bench/multirunner.py, not in the default set either; llmrunners: one model across runners, bench/llm_runners.py, nor that; llmfirsttoken: its time to first token, bench/llm_first_token.py, nor that)")
   ap.add_argument("--compare", metavar="REV", default=None, help="also build REV's daemon and client and measure both trees in the same run, "
                   "alternating: per figure new, old and their ratio (bench/results/compare.json)")
   args = ap.parse_args()
   reps = args.reps or (3 if args.quick else 5) + (2 if args.compare else 0)   # a ratio of two medians needs more runs than one figure
   only = set(args.only.split(","))
-  for sec in ("network", "multi", "llmrunners"):
+  for sec in ("network", "multi", "llmrunners", "llmfirsttoken"):
     if args.compare and sec in only:
       log(f"--compare does not cover {sec}: left out")
       only.discard(sec)
@@ -890,7 +894,8 @@ def main():
              ("multi", "several runners as one", lambda: MULTI.update(multirunner.bench(2 if args.quick else 3,
               ["small"] if args.quick else ["small", "wide"], (args.profiles or ("loopback" if args.quick else "loopback,10GbE,1GbE")).split(","),
               20 if args.quick else 60))),
-             ("llmrunners", "one model across runners", lambda: LLM_RUNNERS.update(llm_runners.bench(1 if args.quick else 2)))]
+             ("llmrunners", "one model across runners", lambda: LLM_RUNNERS.update(llm_runners.bench(1 if args.quick else 2))),
+             ("llmfirsttoken", "time to first token across runners", lambda: LLM_FIRST_TOKEN.update(llm_first_token.bench(1 if args.quick else 2)))]
     for key, name, fn in steps:
       if key not in only: continue
       log(f"{name} ...")
@@ -926,6 +931,9 @@ def main():
   if LLM_RUNNERS:
     (RESULTS / "llm_runners.json").write_text(json.dumps({"info": INFO, **LLM_RUNNERS}, indent=1))
     print("\n9. One model across runners\n" + "\n".join(llm_runners.summary(LLM_RUNNERS)))
+  if LLM_FIRST_TOKEN:
+    (RESULTS / "llm_first_token.json").write_text(json.dumps({"info": INFO, **LLM_FIRST_TOKEN}, indent=1))
+    print("\n10. Time to first token across runners\n" + "\n".join(llm_first_token.summary(LLM_FIRST_TOKEN)))
   if NET:
     (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET}, indent=1, ensure_ascii=False))   # the raw figures first
     (RESULTS / "network.json").write_text(json.dumps({"info": INFO, **NET, "rows": netbench.derive(NET)}, indent=1, ensure_ascii=False))
