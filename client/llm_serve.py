@@ -4,7 +4,8 @@ as an APIError), an answer not streamed gets HTTP 503 with that text, and the se
 over the runners that still answer (client/placement.py place_again: the old model let go, the file read again) and is answered by them;
 where they cannot hold it, it and every later request get HTTP 503 naming the runner lost, what each runner left offers and what is
 needed. Without this, tinygrad's handler died with the runner's exception: a stream ended as if complete, and the next request got no
-answer at all. A runner that comes back is not taken again (its device's session is gone): restart the server.
+answer at all. A runner lost is watched for (client/rejoin.py): once it answers again, the next request places the model again over
+every runner named that answers, that one as a new device, and so ends the 503s of runners that could not hold the model alone.
 client/placement.py's across_runners() installs it; with one runner nothing here is imported.
 """
 from __future__ import annotations
@@ -14,6 +15,12 @@ from client.connection import RunnerError
 def error_body(e:Exception) -> dict:
   text = str(e) if str(e).startswith("metal_runner: ") else f"metal_runner: {e}"
   return {"error": {"message": f"{text}; the model is not served until the runners can hold it", "type": "runner_unavailable", "code": 503}}
+
+def runners(server):
+  """The runners the model was placed over (client/rejoin.py Runners), kept by the server from its first model: a placement that failed
+  half way leaves it none."""
+  if not hasattr(server, "runners"): server.runners = getattr(server.model, "runners", None)
+  return server.runners
 
 def report_runner_faults():
   from tinygrad.llm import serve
@@ -32,9 +39,10 @@ def report_runner_faults():
     self.streaming = True
     stream_json(self, events())
   def guarded_post(self):
-    if (e:=getattr(self.server, "runner_fault", None)) is not None and (again:=getattr(self.server.model, "place_again", None)) is not None:
-      try:   # the model again, over the runners that still answer (client/placement.py place_again)
-        self.server.model = again(lambda: setattr(self.server, "model", None))
+    e, rs = getattr(self.server, "runner_fault", None), runners(self.server)
+    if rs is not None and (e is not None or rs.back):
+      try:   # the model again, over the runners that answer (client/placement.py place_again)
+        self.server.model = rs.place_again(lambda: setattr(self.server, "model", None))
         self.server.runner_fault = e = None
       except RuntimeError as e2: self.server.runner_fault = e = e2   # a RunnerError, or DoesNotFit: what remains cannot hold it
     if e is not None:

@@ -304,14 +304,17 @@ def answering(devices:tuple[str, ...]) -> tuple[str, ...]:
       except RunnerError: continue
   return tuple(alive)
 
-def place_again(drop, path, p:Placement, max_context, realize, speed:bool, say):
-  """After a runner was lost: the model again from the file over the runners of p that still answer (DoesNotFit, naming the runner lost,
-  when they cannot hold it), once drop() has let go of the old model and its buffers. The default device becomes the first of them."""
+def place_again(drop, path, rs, max_context, realize, speed:bool, say):
+  """After a runner was lost, or once one lost answers again: the model again from the file over the runners named at start that answer
+  now (rs: client/rejoin.py's Runners; one that came back is taken back as a new device, one lost is watched for), once drop() has let go
+  of the old model and its buffers. DoesNotFit, naming the runners lost, when those that answer cannot hold it. The default device
+  becomes the first of them."""
   import gc
   from tinygrad.helpers import DEV
-  devs = tuple(q.device for q in p.parts)
-  alive = answering(devs)
-  lost = ", ".join(f"{q.device} {q.addr}" for q in p.parts if q.device not in alive)
+  taken = rs.take_back(answering(rs.devices()))   # the runners back, as new devices, where they were
+  alive = answering(rs.devices())
+  rs.watch(gone:=[a for a in rs.addrs if rs.device[a] not in alive])
+  lost = ", ".join(f"{rs.device[a]} {a}" for a in gone)
   if not alive: raise DoesNotFit(f"metal_runner: every runner is lost ({lost})")
   try:   # whether they can hold it, before the old model is let go
     kv, infos = read_gguf(path)
@@ -323,7 +326,9 @@ def place_again(drop, path, p:Placement, max_context, realize, speed:bool, say):
   for d in alive:
     if hasattr(alloc:=Device[d].allocator, "free_cache"): alloc.free_cache()
   DEV.value = alive[0]
-  say(f"metal_runner: lost {lost}: placing the model again over the {len(alive)} runner(s) that remain")
+  what = ([f"lost {lost}"] if lost else []) + [f"taking back runner {a} as {d}" for a, d in taken]
+  say(f"metal_runner: {'; '.join(what) or 'a runner failed'}: placing the model again over "
+      + (f"the {len(alive)} runner(s) that remain" if lost else f"all {len(alive)} runners named"))
   return from_gguf(path, alive, max_context, realize, speed, say=say)[0]
 
 def runner_devices() -> tuple[str, ...]:
@@ -341,7 +346,9 @@ def across_runners(speed:bool|None=None):
     if isinstance(gguf, Tensor): return tinygrads(gguf, max_context, **({} if realize is None else {"realize": realize}))
     say = lambda s: print(s, file=sys.stderr)   # noqa: E731
     model, kv, p = from_gguf(gguf, runner_devices(), max_context, realize, speed, say=say)
-    model.place_again = lambda drop: place_again(drop, gguf, p, max_context, realize, speed, say)
+    from client.rejoin import Runners
+    model.runners = rs = Runners(tuple(q.device for q in p.parts), tuple(q.addr for q in p.parts), say)   # for the server: llm_serve.py
+    rs.place_again = lambda drop: place_again(drop, gguf, rs, max_context, realize, speed, say)
     return model, kv
   placed.tinygrads = tinygrads = tinygrads_from_gguf()   # type: ignore[attr-defined]
   Transformer.from_gguf = staticmethod(placed)   # type: ignore[method-assign]

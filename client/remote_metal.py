@@ -75,6 +75,11 @@ def connect(addr:str) -> Runner:
   try: return Runner(addr)
   except (RunnerError, ValueError, OSError) as e: raise unusable(addr, e) from e
 
+# devices opened for a runner that came back after its session was lost (client/rejoin.py): device -> the runner's address. A new device
+# index, so a new session and nothing of what tinygrad keeps per device (compiled programs, the random seeds' buffers, freed buffers), whose
+# handles named things of the old session; an index past METAL_RUNNER's addresses, at the address of the device it replaces
+reopened: dict[str, str] = {}
+
 # *** local runner: started on first use when METAL_RUNNER is unset, stopped by pid at exit
 
 local_runners: list[subprocess.Popen] = []
@@ -297,10 +302,11 @@ class RemoteDevice(Compiled):
     self.is_metal, idx = device.split(":")[0] == "METAL", int(device.split(":")[1]) if ":" in device else 0
     want = "metal" if self.is_metal else "cpu"
     addrs = runner_addrs(want)   # METAL_RUNNER: addresses, or "auto" (DNS-SD, client/discovery.py)
-    if addrs and idx >= len(addrs):
+    if addrs and idx >= len(addrs) and device not in reopened:
       raise RunnerUnavailable(f"{device}: {named('METAL_RUNNER', ','.join(addrs))} has no runner for index {idx}")
     # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE, else ~/.metal_runner_token (client/connection.py)
-    self.runner, self.runner_closed = connect(addrs[idx] if addrs else start_local_runner(want)), False
+    addr = reopened.get(device) or (addrs[idx] if addrs else start_local_runner(want))
+    self.runner, self.runner_closed = connect(addr), False
     self.profiler: RunnerProfiler|None = None
     self.programs: dict[bytes, list[int]] = {}   # content key -> [handle, number of RemotePrograms using it]
     self.pending: list[tuple[str, int]] = []     # Tunload/Tfree/Tgraphfree requests not sent yet (see later())

@@ -21,9 +21,11 @@ class Runners:
     for r in self.procs: r.stop()
   @property
   def addr(self) -> str: return ",".join(r.addr for r in self.procs)
-  def bytes_in(self) -> list[int]:
-    """Bytes each runner received from its client: the session that ran the model (the largest), from the log line at its end."""
-    return [max([int(b) for b in re.findall(r"ended: .*?, (\d+) bytes in", r.wait_log("bytes in"))], default=0) for r in self.procs]
+  def bytes_in(self, which:list[int]|None=None) -> list[int]:
+    """Bytes each runner (or each of which) received from its client: the session that ran the model (the largest), from the log line at
+    its end."""
+    return [max([int(b) for b in re.findall(r"ended: .*?, (\d+) bytes in", r.wait_log("bytes in"))], default=0)
+            for r in (self.procs if which is None else [self.procs[i] for i in which])]
 
 # *** the split, without runners
 
@@ -123,9 +125,9 @@ def test_a_model_that_fits_nowhere_is_refused_before_any_upload(models):
     assert "Traceback" not in p.stderr
     assert all(n < 4096 for n in rs.bytes_in()), rs.bytes_in()   # the handshakes, no weights
 
-def ask(url:str, stream:bool) -> str:
+def ask(url:str, stream:bool, timeout:float=120) -> str:
   import openai
-  c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+  c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=timeout)
   args = dict(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0, max_tokens=12)
   if not stream: return c.chat.completions.create(**args).choices[0].message.content or ""
   return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**args, stream=True) if ch.choices)
@@ -145,39 +147,89 @@ def test_serve_over_runners_answers_with_the_cpu_devices_text(models, cpu_served
     assert all(b > 0 for b in rs.bytes_in())
   assert len(cpu_served) > 0 and streamed == whole == cpu_served, (streamed, whole, cpu_served)
 
+def ask_all(c, stream:bool=False, **kw) -> str:
+  """The text of a chat at temperature 0, 100 tokens at most, through the openai client c."""
+  args = dict(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0, max_tokens=100, **kw)
+  if not stream: return c.chat.completions.create(**args).choices[0].message.content or ""
+  return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(**args, stream=True) if ch.choices)
+
+LOST_APP = ["--max_context", "128"]
+
+@pytest.fixture(scope="module")
+def cpu_half_served(models, tmp_path_factory) -> str:
+  import openai
+  with served([], ["--model", models["half"], *LOST_APP], {"DEV": "CPU"}, tmp_path_factory.mktemp("cpu") / "cpu.log") as (url, _):
+    return ask_all(openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300))
+
+def until_logged(log, text:str, timeout:float=60) -> float:
+  """Seconds until the server's log holds text; fails after timeout."""
+  import time
+  t0 = time.perf_counter()
+  while text not in log.read_text():
+    assert time.perf_counter() - t0 < timeout, f"the server did not say {text!r} in {timeout} s: {log.read_text()[-3000:]}"
+    time.sleep(0.05)
+  return time.perf_counter() - t0
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,mem", [("SIGKILL", None), ("SIGTERM", "9M")])
-def test_a_runner_lost_mid_stream_ends_it_with_an_error_naming_it_then_the_rest_serve_if_they_can(models, tmp_path, sig, mem):
+def test_a_runner_lost_mid_stream_ends_it_with_an_error_naming_it_then_the_rest_serve_if_they_can_and_it_is_taken_back(models, cpu_half_served,
+                                                                                                                     tmp_path, sig, mem):
   """The stream ends at once with an error naming the runner lost; the server stays up; the next request places the model again over the
   runner that remains, with the same text, or, where that runner cannot hold it (--session-mem 9M), is refused with HTTP 503 that says
-  which runner is lost and what is needed."""
+  which runner is lost and what is needed. Then the runner lost starts again at its address: a later request places the model over both
+  again (the one back as a new device, its share of the weights sent to it), with the CPU device's text, and the 503s end."""
   import openai, os, signal, time, urllib.request
-  with Runners(2, *(["--session-mem", mem] if mem else [])) as rs:
-    app = ["--model", models["half"], "--max_context", "128"]
-    with served(["-m", "client", "run", "--runner", rs.addr], app, {}, tmp_path / "s.log") as (url, _):
+  opts = ["--session-mem", mem] if mem else []
+  with Runners(2, *opts) as rs:
+    app, log = ["--model", models["half"], *LOST_APP], tmp_path / "s.log"
+    with served(["-m", "client", "run", "--runner", rs.addr], app, {}, log) as (url, _):
       c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
-      args = dict(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0, max_tokens=100)
-      before = c.chat.completions.create(**args).choices[0].message.content
+      before = ask_all(c)
       lost, n, t = rs.procs[1], 0, 0.0
       with pytest.raises(openai.APIError) as e:
-        for _ in c.chat.completions.create(**args, stream=True):
+        for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
+                                           max_tokens=100, stream=True):
           if (n:=n + 1) == 3:
             os.kill(lost.proc.pid, getattr(signal, sig))
             t = time.perf_counter()
       waited = time.perf_counter() - t
       assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
       assert waited < 5, waited   # an error, not a hang
-      t = time.perf_counter()
       if mem is None:
-        assert c.chat.completions.create(**args).choices[0].message.content == before
-        assert f"lost REMOTE:1 {lost.addr}: placing the model again over the 1 runner(s) that remain" in (tmp_path / "s.log").read_text()
+        assert ask_all(c) == before
+        recovered = time.perf_counter() - t
+        assert f"lost REMOTE:1 {lost.addr}: placing the model again over the 1 runner(s) that remain" in log.read_text()
       else:
-        with pytest.raises(openai.APIStatusError) as e:
-          c.chat.completions.create(**args)
-        assert e.value.status_code == 503 and f"lost REMOTE:1 {lost.addr}, and the model does not fit" in str(e.value), str(e.value)
-      recovered = time.perf_counter() - t
+        for _ in range(2):   # every request while the runner is missing
+          with pytest.raises(openai.APIStatusError) as e:
+            ask_all(c)
+          assert e.value.status_code == 503 and f"lost REMOTE:1 {lost.addr}, and the model does not fit" in str(e.value), str(e.value)
+          recovered = time.perf_counter() - t
+      assert lost.proc.wait(10) is not None
+      # the runner again, at the same address: the server sees it answer, and the next request takes it back
+      t = time.perf_counter()
+      rs.procs.append(back:=RunnerProc("-v", *opts, "--port", str(lost.port)))
+      assert back.addr == lost.addr
+      seen = until_logged(log, f"metal_runner: runner {lost.addr} answers again")
+      streamed = ask_all(c, stream=True)
+      again = time.perf_counter() - t
+      assert streamed == ask_all(c) == before == cpu_half_served, (streamed, before, cpu_half_served)
       with urllib.request.urlopen(url + "/models", timeout=5) as r: assert r.status == 200   # the server is up
-    print(f"{sig}: the stream ended {waited:.3f} s after it; the next request answered in {recovered:.1f} s")
+    text = log.read_text()
+    assert f"metal_runner: taking back runner {lost.addr} as REMOTE:2: placing the model again over all 2 runners named" in text, text[-3000:]
+    lines = [s for s in text.splitlines() if s.startswith("placement over")]
+    assert len(lines) == 3 - (mem is not None), text[-3000:]   # at start, over the one left (unless it could not hold it), over both again
+    assert re.match(rf"placement over 2 runners: REMOTE {rs.procs[0].addr} blocks 0-\d and the embedding, [\d.]+ MiB; "
+                    rf"REMOTE:2 {lost.addr} blocks \d-3 and the output norm and head, [\d.]+ MiB$", lines[-1]), lines[-1]
+  # what each runner received (its log, at each session's end): the one back its share of the last placement, the one that stayed the
+  # shares of every placement it was part of (the model's bytes each time; nothing cached without --cache-dir)
+  got = [g / (1 << 20) for g in rs.bytes_in([0, 2])]
+  stayed = sum(shares(ln)[0] for ln in lines)
+  assert abs(got[1] - shares(lines[-1])[1]) <= 0.1 * shares(lines[-1])[1], (got, lines)
+  assert stayed <= got[0] <= 1.1 * stayed, (got, lines)
+  print(f"{sig}: the stream ended {waited:.3f} s after the signal; the next request answered {recovered:.1f} s after it"
+        f"{' (HTTP 503)' if mem else ''}; the runner started again, the server saw it answer {seen:.1f} s later, and the first request "
+        f"placed over both again was answered {again:.1f} s after its start")
 
 @pytest.mark.slow
 @pytest.mark.metal
@@ -194,3 +246,23 @@ def test_benchmark_over_two_metal_runners(models, cpu_benchmark):
     assert "on METAL" in p.stdout
   finally:
     for r in rs: r.stop()
+
+@pytest.mark.slow
+@pytest.mark.metal
+def test_serve_over_two_metal_runners_answers_with_the_cpu_devices_text(models, cpu_served, tmp_path):
+  """The server through the openai client, streamed and not, over two Metal emulator runners on Linux (a test harness running the
+  kernels on the CPU), not a GPU. By memory alone, as the CPU benchmark over two runners: the exact ranges are asserted."""
+  from conftest import metal_runner_proc, needs_own_metal_runner
+  needs_own_metal_runner()
+  rs = [metal_runner_proc(), metal_runner_proc()]
+  try:
+    with served(["-m", "client", "run", "--runner", ",".join(r.addr for r in rs)], ["--model", models["small"], "--max_context", CTX],
+                {"METAL_RUNNER_PLACEMENT": "memory"}, tmp_path / "s.log", timeout=900) as (url, _):
+      streamed, whole = ask(url, True, timeout=600), ask(url, False, timeout=600)
+    log = (tmp_path / "s.log").read_text()
+    assert re.match(rf"placement over 2 runners: METAL {rs[0].addr} blocks 0-1 and the embedding, [\d.]+ MiB; "
+                    rf"METAL:1 {rs[1].addr} blocks 2-3 and the output norm and head, [\d.]+ MiB$", placement_line(log)), log[-3000:]
+    assert "max context 64 on METAL" in log
+  finally:
+    for r in rs: r.stop()
+  assert len(cpu_served) > 0 and streamed == whole == cpu_served, (streamed, whole, cpu_served)
