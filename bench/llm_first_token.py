@@ -2,7 +2,7 @@
 on one CPU runner against two and three holding a range of blocks each, in the same run, as ratios. Also a section of bench/run.py
 (--only llmfirsttoken).
 
-  python3 bench/llm_first_token.py [--reps 2] [--requests 5] [--prompt 48] [--pin]
+  python3 bench/llm_first_token.py [--reps 2] [--requests 5] [--prompt 16] [--pin]
 
 Time to first token is, here, the time of a streamed chat request with max_tokens=1 from its send to its last byte: the prompt's
 prefill and one decode step, as a user of the server waits for them. Each server is warmed up (tinygrad.llm's own warmup, then one
@@ -68,7 +68,7 @@ class Server:
 
 def words(rng:random.Random, n:int) -> str: return " ".join(rng.choice("abcdefghijklmnopqrstuvwxyz") * rng.randint(1, 4) for _ in range(n))
 
-def bench(reps:int=2, requests:int=5, prompt:int=48, pin:bool=False) -> dict:
+def bench(reps:int=2, requests:int=5, prompt:int=16, pin:bool=False) -> dict:
   sys.path.insert(0, str(ROOT / "tests"))
   from ggufgen import write
   ncpu, rng = os.cpu_count() or 1, random.Random(0)
@@ -108,7 +108,7 @@ if __name__ == "__main__":
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--requests", type=int, default=5)
-  ap.add_argument("--prompt", type=int, default=48, help="words in each prompt")
+  ap.add_argument("--prompt", type=int, default=16, help="words in each prompt")
   ap.add_argument("--pin", action="store_true")
   a = ap.parse_args()
   os.environ["METAL_RUNNER_TOKEN_FILE"] = ""
