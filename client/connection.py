@@ -1,4 +1,4 @@
-"""One TCP connection to a metal_runner daemon (protocol.md): class Runner and the errors it raises.
+"""One TCP connection to a metal_runner daemon (protocol.md): class Runner (the errors it raises: client/errors.py).
 
 Requests without a reply (alloc, free, write, copy, load, unload, graph, graph_free, and launch/graph_run without wait) are
 appended to a send buffer, which is flushed when a waiting call is made (read, sync, ping, launch/graph_run with wait),
@@ -22,6 +22,7 @@ Environment:
 from __future__ import annotations
 import contextlib, dataclasses, hashlib, hmac, ipaddress, os, re, select, shlex, socket, struct, time, weakref
 from . import protocol as P
+from .errors import RunnerError, RunnerConnectionError, PeerLostError, NotARunnerError, TokenFileError   # importable from here too
 from .resume import Replay, resume, WINDOW, copy_max
 from .progress import uploads
 
@@ -38,50 +39,6 @@ CACHE_MIN = CACHE_CHUNK = 1 << 20
 CACHE_GROUP = 8   # chunks per Thave once a write is under way (write_cached)
 AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
 HELLO_TAG = int.from_bytes(b"\r\n\r\n", "little")   # the Thello's tag (see _hello)
-
-class RunnerError(RuntimeError):
-  """The runner rejected a request: .code (int), .code_name ("EHANDLE"), .text (the runner's message), .tag, .request
-  (the failing request, e.g. "Tlaunch prog=3 (E_4_4)"), .addr, and .others: errors of later requests reported at the same time."""
-  def __init__(self, addr:str, code:int, text:str, tag:int|None=None, request:str|None=None):
-    self.addr, self.code, self.text, self.tag, self.request, self.others = addr, code, text, tag, request, []
-    self.code_name = P.ERRORS.get(code, f"E{code}") if code else ""
-    super().__init__(addr, code, text, tag, request)
-  def reason(self) -> str:
-    what = self.text if self.code != P.ECRASH else f"the runner session ended because a kernel crashed: {self.text}"
-    s = f"{self.request or 'request'}" + (f" (tag {self.tag})" if self.tag is not None else "") + f" failed: {self.code_name}: {what}"
-    if self.others: s += f" (and {len(self.others)} more: " + "; ".join(f"{e.request}: {e.code_name}" for e in self.others[:3]) + ")"
-    return s
-  def __str__(self): return f"runner {self.addr}: {self.reason()}"
-
-class RunnerConnectionError(RunnerError, ConnectionError):
-  """The runner is unreachable or the connection died; the Runner cannot be used any more."""
-  def __init__(self, addr:str, text:str, request:str|None=None):
-    super().__init__(addr, 0, text, None, request)
-    self.args = (addr, text, request)
-  def reason(self) -> str: return self.text + (f" (request in flight: {self.request})" if self.request else "")
-
-class PeerLostError(RunnerError):
-  """A link between runners broke because the runner at its other end stopped: .addr is that runner, .why what its connection did,
-  .seen the EPEER error the runner that is left reported (its .addr the survivor). Code EPEER, as the error it stands for."""
-  def __init__(self, addr:str, why:str, seen:RunnerError):
-    super().__init__(addr, seen.code, seen.text, seen.tag, seen.request)
-    self.why, self.seen, self.others = why, seen, seen.others
-  def reason(self) -> str: return f"stopped ({self.why}) while runner {self.seen.addr} was linked to it: {self.seen.reason()}"
-  def __str__(self): return f"runner {self.addr} {self.reason()}"
-
-class NotARunnerError(RunnerConnectionError):
-  """What answered at the address (or failed to) is not a metal_runner: str() says what it did, e.g.
-  "HOST:PORT is not a metal_runner (it answered 'HTTP/1.0 400 Bad Request')"."""
-  def __str__(self): return f"{self.addr} {self.text}"
-
-class TokenFileError(RunnerError):
-  """The token file cannot be used (missing, unreadable, empty, open to others), or the files named do not match the runners: raised
-  before any connection, naming the file and the setting that named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
-  def __init__(self, path:str, setting:str, why:str, text:str|None=None):
-    super().__init__(None, P.EAUTH, text or f"the token file {path} ({setting}) {why}")
-    self.path, self.setting = path, setting
-  def reason(self) -> str: return self.text
-  def __str__(self): return self.text if self.addr is None else f"runner {self.addr}: {self.text}"
 
 @dataclasses.dataclass(frozen=True)
 class RunnerInfo:

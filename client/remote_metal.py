@@ -12,12 +12,13 @@ from typing import cast
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
-from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError, TokenFileError, named, setting, token_file
+from client.connection import Runner, named, setting, token_file
+from client.errors import NotARunnerError, RunnerConnectionError, RunnerError, RunnerUnavailable, TokenFileError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
 from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
-from client.discovery import RunnerUnavailable, runner_addrs
+from client.discovery import runner_addrs
 from client.settings import SettingsError, apply_names
 from client.graph import RemoteGraph, dims, peer_addr, unreachable
 from client.local_build import runner_exe
