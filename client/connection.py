@@ -20,8 +20,10 @@ Environment:
                            prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, ipaddress, os, re, select, shlex, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, os, re, select, shlex, socket, struct, time, weakref
 from . import protocol as P
+from .protocol import AUTH_CLIENT, AUTH_SERVER
+from .address import DEFAULT_PORT, parse_addr, full_addr   # importable from here too
 from .errors import RunnerError, RunnerConnectionError, PeerLostError, NotARunnerError, TokenFileError   # importable from here too
 from .resume import Replay, resume, WINDOW, copy_max
 from .progress import uploads
@@ -37,7 +39,6 @@ WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 2
 # its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
 CACHE_MIN = CACHE_CHUNK = 1 << 20
 CACHE_GROUP = 8   # chunks per Thave once a write is under way (write_cached)
-AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
 HELLO_TAG = int.from_bytes(b"\r\n\r\n", "little")   # the Thello's tag (see _hello)
 
 @dataclasses.dataclass(frozen=True)
@@ -56,40 +57,12 @@ class RunnerInfo:
   maxmsg: int       # the largest frame either side sends on this connection
   unified: bool     # device memory is host memory
 
-DEFAULT_PORT = 6667   # the runner's (daemon/main.c)
-
-def parse_addr(addr:str) -> tuple[str, int]:
-  """(host, port) of "HOST:PORT", "[IPv6]:PORT", or HOST (or [IPv6]) alone at DEFAULT_PORT. A ValueError names what was typed, what
-  is wrong with it and what is expected."""
-  def bad(why:str): return ValueError(f"runner address {addr!r} is not HOST:PORT ({why}; e.g. mac.local:6667, or mac.local for port 6667)")
-  if "://" in addr: raise bad(f"a URL: the runner speaks its own protocol, not {addr.split('://')[0]}; give {addr.split('://', 1)[1].strip('/')}")
-  if addr.startswith("["):
-    host, sep, rest = addr[1:].partition("]")
-    if not sep or rest and not rest.startswith(":"): raise bad("text after the IPv6 address's ]" if sep else "no ] after the IPv6 address")
-    port = rest[1:] if rest else str(DEFAULT_PORT)
-  elif addr.count(":") > 1:
-    try: ipaddress.IPv6Address(addr.split("%")[0])
-    except ValueError: raise bad("more than one colon") from None
-    raise ValueError(f"runner address {addr!r}: an IPv6 address goes in brackets, as in [{addr}]:6667")
-  else:
-    host, sep, port = addr.partition(":")
-    if not sep: port = str(DEFAULT_PORT)
-  if not port.isdigit(): raise bad(f"the port {port!r} is not a number" if port else "no port after the colon")
-  if not 1 <= int(port) <= 65535: raise ValueError(f"runner address {addr!r}: port {int(port)} out of range 1-65535")
-  return host or "localhost", int(port)
-
 def _connect_error(e:OSError, host:str) -> str:
   """Why a connection could not be made, in the same words for every command (run, probe, a program's import)."""
   if isinstance(e, socket.gaierror): return f"the host name {host} does not resolve ({e.strerror})"
   if isinstance(e, ConnectionRefusedError): return "nothing listens on that port"
   if isinstance(e, TimeoutError): return "no answer (timed out): the host is down, or a firewall drops the port"
   return str(e)
-
-def full_addr(addr:str) -> str:
-  """addr with its port, as messages show it: "mac.local" is "mac.local:6667". One that is not HOST[:PORT] as given (Runner refuses it)."""
-  try: host, port = parse_addr(addr)
-  except ValueError: return addr
-  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 DEFAULT_TOKEN_FILE, DEFAULT_SETTING = "~/.metal_runner_token", "used when no token file is named"
 # python -m client run sets METAL_RUNNER and METAL_RUNNER_TOKEN_FILE from its options and lists here those it was given: a message then

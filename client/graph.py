@@ -11,7 +11,8 @@ from tinygrad.device import Buffer, Device, MultiBuffer
 from tinygrad.engine.jit import GraphRunner, MultiGraphRunner
 from tinygrad.helpers import DEBUG, dedup, suppress_finalizing
 from tinygrad.uop.ops import Ops, UOp
-from client.connection import RunnerError, parse_addr
+from client.errors import RunnerError
+from client.address import parse_addr
 from client.protocol import CAP_LINK, EPEER, PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, PROG_LINK_SEND, PROG_LINK_RECV
 from client.protocol import patch as pack_patch
 

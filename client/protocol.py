@@ -178,6 +178,7 @@ def payload_len(type:int, f:dict) -> int|None:
   if type == RPROFILE: return PROF.size * f["count"]
   return None if type == TGRAPH else 0
 
+AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"  # the proofs of Tauth, Rauth
 PEER_SRC, PEER_DST, PEER_DONE = b"metal_runner peer src", b"metal_runner peer dst", b"metal_runner peer done"
 LINK_SRC, LINK_DST = b"metal_runner link src", b"metal_runner link dst"  # the proofs of a link's peer connection (count 0)
 def peer_mac(secret:bytes, label:bytes, grant:int, count:int, cnonce:bytes) -> bytes:
