@@ -185,7 +185,14 @@ def peer_mac(secret:bytes, label:bytes, grant:int, count:int, cnonce:bytes) -> b
   """HMAC-SHA256(secret, label || grant[8] || count[8] || cnonce[32]): the proofs of a peer connection (protocol.md, Tpeer, Rpeer)."""
   return hmac.new(secret, label + struct.pack("<QQ", grant, count) + cnonce, hashlib.sha256).digest()
 
+# A launch size as the launch record's three numbers, the missing ones 1. dims() encodes what it is given (tests send sizes the runner
+# must refuse); launch_dims() first checks tinygrad's sizes, which the devices and graphs send, and raises on one that is not whole positive numbers.
 def dims(d) -> tuple[int, int, int]: return tuple(d) + (1,) * (3 - len(d))
+
+def launch_dims(d) -> tuple[int, int, int]:
+  if len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int and d[0] > 0 and d[1] > 0 and d[2] > 0: return d
+  if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
+  return dims(tuple(int(x) for x in d))
 
 def launch_fields(prog:int, bufs, vals, global_size=(1, 1, 1), local_size=(1, 1, 1)) -> dict:
   g, l = dims(global_size), dims(local_size)

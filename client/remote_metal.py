@@ -15,12 +15,12 @@ from tinygrad.renderer import cstyle
 from client.connection import Runner, named, setting, token_file
 from client.errors import NotARunnerError, RunnerConnectionError, RunnerError, RunnerUnavailable, TokenFileError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER
+from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER, launch_dims
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import runner_addrs
 from client.settings import SettingsError, apply_names
-from client.graph import RemoteGraph, dims, peer_addr, unreachable
+from client.graph import RemoteGraph, peer_addr, unreachable
 from client.local_build import runner_exe
 
 # *** a runner that cannot be used (RunnerUnavailable): one line that names it, says why and what to check. Uncaught, it ends the
@@ -213,8 +213,8 @@ class RemoteProgram(Program['RemoteDevice']):
                wait=False, timeout:int|None=None) -> float|None:
     # bufs are (handle, offset, size) opaques, which launch() indexes directly; a None value is core_id, which the runner fills in
     if self.dev.profiler is not None: self.dev.profiler.issued()
-    return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, dims(global_size),
-                                  dims(local_size or (1,1,1)), wait=wait)
+    return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, launch_dims(global_size),
+                                  launch_dims(local_size or (1,1,1)), wait=wait)
 
   # tinygrad drops Programs it no longer needs (BEAM candidates, time_call's uncached runtimes); the method cache and a RemoteGraph's
   # runtimes hold the ones in use. The last RemoteProgram of a content key unloads its runner program.
