@@ -1,4 +1,4 @@
-"""One TCP connection to a metal_runner daemon (protocol.md): class Runner and the errors it raises.
+"""One TCP connection to a metal_runner daemon (protocol.md): class Runner (the errors it raises: client/errors.py).
 
 Requests without a reply (alloc, free, write, copy, load, unload, graph, graph_free, and launch/graph_run without wait) are
 appended to a send buffer, which is flushed when a waiting call is made (read, sync, ping, launch/graph_run with wait),
@@ -20,8 +20,11 @@ Environment:
                            prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, ipaddress, os, re, select, shlex, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, os, re, select, shlex, socket, struct, time, weakref
 from . import protocol as P
+from .protocol import AUTH_CLIENT, AUTH_SERVER
+from .address import DEFAULT_PORT, parse_addr, full_addr   # importable from here too
+from .errors import RunnerError, RunnerConnectionError, PeerLostError, NotARunnerError, TokenFileError   # importable from here too
 from .resume import Replay, resume, WINDOW, copy_max
 from .progress import uploads
 
@@ -36,52 +39,7 @@ WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 2
 # its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
 CACHE_MIN = CACHE_CHUNK = 1 << 20
 CACHE_GROUP = 8   # chunks per Thave once a write is under way (write_cached)
-AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"
 HELLO_TAG = int.from_bytes(b"\r\n\r\n", "little")   # the Thello's tag (see _hello)
-
-class RunnerError(RuntimeError):
-  """The runner rejected a request: .code (int), .code_name ("EHANDLE"), .text (the runner's message), .tag, .request
-  (the failing request, e.g. "Tlaunch prog=3 (E_4_4)"), .addr, and .others: errors of later requests reported at the same time."""
-  def __init__(self, addr:str, code:int, text:str, tag:int|None=None, request:str|None=None):
-    self.addr, self.code, self.text, self.tag, self.request, self.others = addr, code, text, tag, request, []
-    self.code_name = P.ERRORS.get(code, f"E{code}") if code else ""
-    super().__init__(addr, code, text, tag, request)
-  def reason(self) -> str:
-    what = self.text if self.code != P.ECRASH else f"the runner session ended because a kernel crashed: {self.text}"
-    s = f"{self.request or 'request'}" + (f" (tag {self.tag})" if self.tag is not None else "") + f" failed: {self.code_name}: {what}"
-    if self.others: s += f" (and {len(self.others)} more: " + "; ".join(f"{e.request}: {e.code_name}" for e in self.others[:3]) + ")"
-    return s
-  def __str__(self): return f"runner {self.addr}: {self.reason()}"
-
-class RunnerConnectionError(RunnerError, ConnectionError):
-  """The runner is unreachable or the connection died; the Runner cannot be used any more."""
-  def __init__(self, addr:str, text:str, request:str|None=None):
-    super().__init__(addr, 0, text, None, request)
-    self.args = (addr, text, request)
-  def reason(self) -> str: return self.text + (f" (request in flight: {self.request})" if self.request else "")
-
-class PeerLostError(RunnerError):
-  """A link between runners broke because the runner at its other end stopped: .addr is that runner, .why what its connection did,
-  .seen the EPEER error the runner that is left reported (its .addr the survivor). Code EPEER, as the error it stands for."""
-  def __init__(self, addr:str, why:str, seen:RunnerError):
-    super().__init__(addr, seen.code, seen.text, seen.tag, seen.request)
-    self.why, self.seen, self.others = why, seen, seen.others
-  def reason(self) -> str: return f"stopped ({self.why}) while runner {self.seen.addr} was linked to it: {self.seen.reason()}"
-  def __str__(self): return f"runner {self.addr} {self.reason()}"
-
-class NotARunnerError(RunnerConnectionError):
-  """What answered at the address (or failed to) is not a metal_runner: str() says what it did, e.g.
-  "HOST:PORT is not a metal_runner (it answered 'HTTP/1.0 400 Bad Request')"."""
-  def __str__(self): return f"{self.addr} {self.text}"
-
-class TokenFileError(RunnerError):
-  """The token file cannot be used (missing, unreadable, empty, open to others), or the files named do not match the runners: raised
-  before any connection, naming the file and the setting that named it. .path, .setting ("METAL_RUNNER_TOKEN_FILE", "--token-file")."""
-  def __init__(self, path:str, setting:str, why:str, text:str|None=None):
-    super().__init__(None, P.EAUTH, text or f"the token file {path} ({setting}) {why}")
-    self.path, self.setting = path, setting
-  def reason(self) -> str: return self.text
-  def __str__(self): return self.text if self.addr is None else f"runner {self.addr}: {self.text}"
 
 @dataclasses.dataclass(frozen=True)
 class RunnerInfo:
@@ -99,40 +57,12 @@ class RunnerInfo:
   maxmsg: int       # the largest frame either side sends on this connection
   unified: bool     # device memory is host memory
 
-DEFAULT_PORT = 6667   # the runner's (daemon/main.c)
-
-def parse_addr(addr:str) -> tuple[str, int]:
-  """(host, port) of "HOST:PORT", "[IPv6]:PORT", or HOST (or [IPv6]) alone at DEFAULT_PORT. A ValueError names what was typed, what
-  is wrong with it and what is expected."""
-  def bad(why:str): return ValueError(f"runner address {addr!r} is not HOST:PORT ({why}; e.g. mac.local:6667, or mac.local for port 6667)")
-  if "://" in addr: raise bad(f"a URL: the runner speaks its own protocol, not {addr.split('://')[0]}; give {addr.split('://', 1)[1].strip('/')}")
-  if addr.startswith("["):
-    host, sep, rest = addr[1:].partition("]")
-    if not sep or rest and not rest.startswith(":"): raise bad("text after the IPv6 address's ]" if sep else "no ] after the IPv6 address")
-    port = rest[1:] if rest else str(DEFAULT_PORT)
-  elif addr.count(":") > 1:
-    try: ipaddress.IPv6Address(addr.split("%")[0])
-    except ValueError: raise bad("more than one colon") from None
-    raise ValueError(f"runner address {addr!r}: an IPv6 address goes in brackets, as in [{addr}]:6667")
-  else:
-    host, sep, port = addr.partition(":")
-    if not sep: port = str(DEFAULT_PORT)
-  if not port.isdigit(): raise bad(f"the port {port!r} is not a number" if port else "no port after the colon")
-  if not 1 <= int(port) <= 65535: raise ValueError(f"runner address {addr!r}: port {int(port)} out of range 1-65535")
-  return host or "localhost", int(port)
-
 def _connect_error(e:OSError, host:str) -> str:
   """Why a connection could not be made, in the same words for every command (run, probe, a program's import)."""
   if isinstance(e, socket.gaierror): return f"the host name {host} does not resolve ({e.strerror})"
   if isinstance(e, ConnectionRefusedError): return "nothing listens on that port"
   if isinstance(e, TimeoutError): return "no answer (timed out): the host is down, or a firewall drops the port"
   return str(e)
-
-def full_addr(addr:str) -> str:
-  """addr with its port, as messages show it: "mac.local" is "mac.local:6667". One that is not HOST[:PORT] as given (Runner refuses it)."""
-  try: host, port = parse_addr(addr)
-  except ValueError: return addr
-  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 DEFAULT_TOKEN_FILE, DEFAULT_SETTING = "~/.metal_runner_token", "used when no token file is named"
 # python -m client run sets METAL_RUNNER and METAL_RUNNER_TOKEN_FILE from its options and lists here those it was given: a message then

@@ -11,14 +11,10 @@ Environment:
 """
 from __future__ import annotations
 import dataclasses, ipaddress, os, socket, threading, time
+from .errors import RunnerUnavailable   # importable from here too
 
 SERVICE = "_metal-runner._tcp.local."
 PROTO = 1  # client/protocol.py VERSION; a runner advertising another version is left out
-
-class RunnerUnavailable(RuntimeError):
-  """A runner named by METAL_RUNNER (or `python -m client run --runner`) cannot be used: unreachable, refused the token, the wrong
-  backend; or none was advertised for METAL_RUNNER=auto, or a local one could not be started. Its message is one line (but a local
-  runner's build output) that names the runner, says why and what to check; client/remote_metal.py prints it alone when uncaught."""
 
 @dataclasses.dataclass(frozen=True)
 class Advertised:

@@ -11,9 +11,10 @@ from tinygrad.device import Buffer, Device, MultiBuffer
 from tinygrad.engine.jit import GraphRunner, MultiGraphRunner
 from tinygrad.helpers import DEBUG, dedup, suppress_finalizing
 from tinygrad.uop.ops import Ops, UOp
-from client.connection import RunnerError, parse_addr
+from client.errors import RunnerError
+from client.address import parse_addr
 from client.protocol import CAP_LINK, EPEER, PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, PROG_LINK_SEND, PROG_LINK_RECV
-from client.protocol import patch as pack_patch
+from client.protocol import launch_dims, patch as pack_patch
 
 LINK_TTL = 60   # seconds between a Tlisten and its Tdial (both are sent at once)
 
@@ -26,11 +27,6 @@ def peer_via() -> dict[str, str]:
   return dict(p.split("=", 1) for p in os.environ.get("METAL_RUNNER_PEER_VIA", "").split(",") if "=" in p)
 
 def peer_addr(addr:str) -> tuple[str, int]: return parse_addr(peer_via().get(addr, addr))
-
-def dims(d) -> tuple[int, int, int]:
-  if len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int and d[0] > 0 and d[1] > 0 and d[2] > 0: return d
-  if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
-  return cast(tuple[int, int, int], tuple(int(x) for x in d) + (1,) * (3 - len(d)))
 
 class Part:
   """One runner graph: the entries of one runner between two copies through this host (all of them, when there is none)."""
@@ -79,7 +75,7 @@ class RemoteGraph(MultiGraphRunner):
         gs, ls = ast.arg.launch_dims(gvars)
         for k, a in enumerate(ast.arg.globals): p.where[(j, a)] = (len(p.records), k)
         self.at[j] = [(p, len(p.records))]
-        p.records.append((rt.prog, [bufs[a]._buf[:2] for a in ast.arg.globals], vals, dims(gs), dims(ls or (1,1,1))))
+        p.records.append((rt.prog, [bufs[a]._buf[:2] for a in ast.arg.globals], vals, launch_dims(gs), launch_dims(ls or (1,1,1))))
         continue
       dest, src = bufs[0], bufs[1]   # a COPY between two runners
       sdev, ddev = Device[src.device], Device[dest.device]
@@ -147,7 +143,8 @@ class RemoteGraph(MultiGraphRunner):
       for p, e in self.at[j]: patches[p].append(pack_patch(e, PATCH_VAL, i, 0, v))
     for j, gs, ls in self.updated_launch_dims(var_vals):
       for p, e in self.at[j]:
-        patches[p] += [pack_patch(e, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, dims(gs)), (PATCH_LOCAL, dims(ls))) for d, x in enumerate(size)]
+        patches[p] += [pack_patch(e, kind, d, 0, x) for kind, size in ((PATCH_GLOBAL, launch_dims(gs)), (PATCH_LOCAL, launch_dims(ls)))
+                       for d, x in enumerate(size)]
     if len(self.bodies) >= 64: self.bodies.clear()   # e.g. a symbolic value that keeps changing: bounded, packed anew
     packed = self.bodies[key] = [(b"".join(patches[p]), len(patches[p])) for p in self.parts]
     return packed

@@ -6,7 +6,7 @@
 # beside it): a second program starting meanwhile waits for that build and uses it.
 from __future__ import annotations
 import fcntl, hashlib, os, pathlib, platform, shutil, subprocess, sys, tempfile
-from client.discovery import RunnerUnavailable
+from client.errors import RunnerUnavailable
 
 HERE = pathlib.Path(__file__).resolve().parent
 PACKAGED = HERE / "daemon_src"           # in an installed wheel only

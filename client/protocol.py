@@ -178,13 +178,21 @@ def payload_len(type:int, f:dict) -> int|None:
   if type == RPROFILE: return PROF.size * f["count"]
   return None if type == TGRAPH else 0
 
+AUTH_CLIENT, AUTH_SERVER = b"metal_runner-auth-v1 client", b"metal_runner-auth-v1 server"  # the proofs of Tauth, Rauth
 PEER_SRC, PEER_DST, PEER_DONE = b"metal_runner peer src", b"metal_runner peer dst", b"metal_runner peer done"
 LINK_SRC, LINK_DST = b"metal_runner link src", b"metal_runner link dst"  # the proofs of a link's peer connection (count 0)
 def peer_mac(secret:bytes, label:bytes, grant:int, count:int, cnonce:bytes) -> bytes:
   """HMAC-SHA256(secret, label || grant[8] || count[8] || cnonce[32]): the proofs of a peer connection (protocol.md, Tpeer, Rpeer)."""
   return hmac.new(secret, label + struct.pack("<QQ", grant, count) + cnonce, hashlib.sha256).digest()
 
+# A launch size as the launch record's three numbers, the missing ones 1. dims() encodes what it is given (tests send sizes the runner
+# must refuse); launch_dims() first checks tinygrad's sizes, which the devices and graphs send, and raises on one that is not whole positive numbers.
 def dims(d) -> tuple[int, int, int]: return tuple(d) + (1,) * (3 - len(d))
+
+def launch_dims(d) -> tuple[int, int, int]:
+  if len(d) == 3 and type(d[0]) is int and type(d[1]) is int and type(d[2]) is int and d[0] > 0 and d[1] > 0 and d[2] > 0: return d
+  if any(x != int(x) or x < 1 for x in d): raise RuntimeError(f"launch size {tuple(d)} is not whole positive numbers")
+  return dims(tuple(int(x) for x in d))
 
 def launch_fields(prog:int, bufs, vals, global_size=(1, 1, 1), local_size=(1, 1, 1)) -> dict:
   g, l = dims(global_size), dims(local_size)

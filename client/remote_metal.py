@@ -7,20 +7,21 @@
 # A runner that is named but cannot be used raises RunnerUnavailable; uncaught, it ends the program with its one line (no traceback), as
 # does a runner lost mid-run (RunnerConnectionError); DEBUG>=1 shows the traceback of the latter.
 from __future__ import annotations
-import _thread, atexit, contextlib, hashlib, os, platform, re, select, signal, socket, subprocess, sys, threading, types
+import _thread, atexit, contextlib, hashlib, os, platform, re, signal, socket, sys, threading, types
 from typing import cast
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
-from client.connection import NotARunnerError, Runner, RunnerConnectionError, RunnerError, TokenFileError, named, setting, token_file
+from client.connection import Runner, named, setting
+from client.errors import NotARunnerError, RunnerConnectionError, RunnerError, RunnerUnavailable, TokenFileError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
-from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER
+from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER, launch_dims
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
-from client.discovery import RunnerUnavailable, runner_addrs
+from client.discovery import runner_addrs
 from client.settings import SettingsError, apply_names
-from client.graph import RemoteGraph, dims, peer_addr, unreachable
-from client.local_build import runner_exe
+from client.graph import RemoteGraph, peer_addr, unreachable
+from client.local_runner import local_runners, start_local_runner, stop_runner
 
 # *** a runner that cannot be used (RunnerUnavailable): one line that names it, says why and what to check. Uncaught, it ends the
 # program with that line alone: a traceback would show tinygrad's device set-up, not the mistake, which is in the environment.
@@ -80,52 +81,7 @@ def connect(addr:str) -> Runner:
 # handles named things of the old session; an index past METAL_RUNNER's addresses, at the address of the device it replaces
 reopened: dict[str, str] = {}
 
-# *** local runner: started on first use when METAL_RUNNER is unset, stopped by pid at exit
-
-local_runners: list[subprocess.Popen] = []
-# a forked child's atexit must not stop its parent's runners (nor may its SIGTERM): they are the parent's to stop
-def forget_local_runners():
-  """A forked child (multiprocessing, compile workers) does not own its parent's runners: it drops them, and its copies of their stdin
-  pipes, whose end is what ends each runner when the parent ends (--exit-with-stdin)."""
-  for proc in local_runners:
-    if proc.stdin is not None: proc.stdin.close()
-  local_runners.clear()
-if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=forget_local_runners)
-
-def stop_runner(proc:subprocess.Popen, timeout:float=5.0):
-  if proc.poll() is None:
-    proc.terminate()
-    try: proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait()
-  if proc.stdin is not None: proc.stdin.close()
-
-def start_local_runner(backend:str) -> str:
-  if backend == "metal" and sys.platform != "darwin":
-    raise RunnerUnavailable("metal_runner: no METAL_RUNNER address, and a local Metal runner needs macOS")
-  exe = runner_exe()   # the clone's daemon/, or a pip install's sources built once into a per-user cache (client/local_build.py)
-  # a client that holds a token refuses a runner that does not prove it (client/connection.py): its own runner gets the token too
-  try: token = ["--token-file", tf[0]] if (tf:=token_file()) else []
-  except TokenFileError as e: raise RunnerUnavailable(f"metal_runner: no runner address, so a local runner: {e}") from None
-  # its stdin is a pipe only this process holds: however the process ends, SIGKILL included, the pipe closes and the runner stops
-  # (--exit-with-stdin); Linux's PR_SET_PDEATHSIG would fire when the thread that started it ends, and macOS has none
-  local_runners.append(proc:=subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *token,
-                                               "--exit-with-stdin"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-  # its log goes to our stderr with DEBUG>=1; the pipes are drained all along, a full pipe would block the runner
-  log: list[bytes] = []
-  def drain(f, keep:bool):
-    for ln in f:
-      if keep: log.append(ln)
-      if DEBUG >= 1: sys.stderr.write(f"metal_runner[{proc.pid}]: {ln.decode(errors='replace')}")
-  threading.Thread(target=drain, args=(proc.stderr, True), daemon=True).start()
-  line = proc.stdout.readline() if select.select([proc.stdout], [], [], 30)[0] else b""  # type: ignore[union-attr]
-  threading.Thread(target=drain, args=(proc.stdout, False), daemon=True).start()
-  if (m:=re.match(r"listening on (\S+:\d+)", line.decode(errors="replace"))) is None:
-    stop_runner(proc)
-    raise RunnerUnavailable(f"metal_runner: local runner {exe} --backend {backend} did not start (exit code {proc.returncode}): "
-                            f"{b''.join(log).decode(errors='replace').strip() or line!r}")
-  return m.group(1)
+# *** local runner (client/local_runner.py): started on first use when METAL_RUNNER is unset, stopped by pid at exit
 
 # *** SIGTERM and SIGHUP (kill, systemctl stop, docker stop, a closed terminal) skip atexit: the sessions would wait out their resume grace
 # on the runners (a minute, holding their memory) and a local runner would outlive the program. So the program ends as on Ctrl-C, a
@@ -217,8 +173,8 @@ class RemoteProgram(Program['RemoteDevice']):
                wait=False, timeout:int|None=None) -> float|None:
     # bufs are (handle, offset, size) opaques, which launch() indexes directly; a None value is core_id, which the runner fills in
     if self.dev.profiler is not None: self.dev.profiler.issued()
-    return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, dims(global_size),
-                                  dims(local_size or (1,1,1)), wait=wait)
+    return self.dev.runner.launch(self.prog, bufs, [v or 0 for v in vals] if None in vals else vals, launch_dims(global_size),
+                                  launch_dims(local_size or (1,1,1)), wait=wait)
 
   # tinygrad drops Programs it no longer needs (BEAM candidates, time_call's uncached runtimes); the method cache and a RemoteGraph's
   # runtimes hold the ones in use. The last RemoteProgram of a content key unloads its runner program.

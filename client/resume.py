@@ -20,6 +20,9 @@ period the runner announced is over.
 from __future__ import annotations
 import collections, hashlib, hmac, os, socket, struct, time
 from . import protocol as P
+from .protocol import AUTH_CLIENT, AUTH_SERVER
+from .errors import RunnerError
+from .address import parse_addr
 
 WINDOW = 16 << 20   # bytes of copies and send buffers not known to be processed before a Tping asks how far the runner got
 LABEL_CLIENT, LABEL_SERVER = b"metal_runner-resume-v1 client", b"metal_runner-resume-v1 server"
@@ -131,14 +134,12 @@ def _exchange(r, frame:bytes, rtype:int, name:str) -> dict:
   r._bsent, r._nreq, r._nrt, r._nwait = r._bsent + len(frame), r._nreq + 1, r._nrt + 1, r._nwait + 1
   t, f, data = r._recv_frame(time.monotonic() + r.connect_timeout, None)
   if t == P.RERROR:
-    from .connection import RunnerError
     raise RunnerError(r.addr, f["code"], data.decode("utf-8", "replace"), f["tag"], name)
   if t != rtype: raise ValueError(f"{P.TYPE_NAMES[t]} in answer to {name}")
   return f
 
 def _attempt(r, rs:Replay, deadline:float) -> list:
   """Connect, handshake and Tresume once; returns the request bytes to send again."""
-  from .connection import RunnerError, AUTH_CLIENT, AUTH_SERVER, parse_addr
   key = rs.key
   r.sock = socket.create_connection(parse_addr(r.addr), timeout=max(0.1, min(r.connect_timeout, deadline - time.monotonic())))
   r.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -170,7 +171,6 @@ def _attempt(r, rs:Replay, deadline:float) -> list:
 
 def resume(r, why, desc):
   """r's link failed with why: resume the session on a new connection, or raise RunnerConnectionError."""
-  from .connection import RunnerError
   rs = r._rs
   if rs.key is None: r._lost(why, desc)   # the runner's key had not arrived: nothing to resume with
   try: r.sock.close()

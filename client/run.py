@@ -15,7 +15,7 @@ every interface), and with --api-key-file F answers only requests with that key 
 from __future__ import annotations
 import importlib.machinery, importlib.util, io, os, pathlib, runpy, sys, types, zipfile
 from .connection import RUN_OPTIONS
-from .discovery import RunnerUnavailable
+from .errors import RunnerUnavailable
 
 USAGE = "usage: {prog} [--runner ADDR[,ADDR...]] [--token-file F] [--listen ADDR] [--api-key-file F] (SCRIPT | -m MODULE) [ARGS...]"
 SITE = pathlib.Path(__file__).resolve().parent / "run_site"   # holds the sitecustomize.py that child processes import

@@ -17,6 +17,7 @@ so that child processes see the same runners.
 from __future__ import annotations
 import os, shlex
 from dataclasses import dataclass
+from .address import full_addr
 
 CONFIG, DEFAULT_CONFIG = "METAL_RUNNER_CONFIG", "~/.metal_runner_config"
 KEYS = ("address", "token-file", "peer-via")
@@ -68,7 +69,6 @@ def apply_names(environ=os.environ):
   file in METAL_RUNNER. SettingsError as load()."""
   items = [a.strip() for a in environ.get("METAL_RUNNER", "").split(",") if a.strip()]
   if not items or items == ["auto"] or not (named:=load()) or not any(a in named for a in items): return
-  from .connection import full_addr
   addrs = [full_addr(named[a].address if a in named else a) for a in items]
   environ["METAL_RUNNER"] = ",".join(addrs)
   if environ.get("METAL_RUNNER_TOKEN_FILE") is None and any(named[a].token_file for a in items if a in named):
