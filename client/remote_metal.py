@@ -93,18 +93,31 @@ reopened: dict[str, str] = {}
 # waited forever (seen at exit after a Metal runner compiled in parallel, about 1 run in 6 on a loaded 2-core machine).
 terminated: list[int] = []
 
+def _unwind(signum, frame):
+  if terminated:   # a second one while unwinding: at once
+    for proc in local_runners: stop_runner(proc)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+  terminated.append(signum)
+  raise SystemExit(128 + signum)
+
+def multiprocessing_child() -> bool:
+  """A process multiprocessing started. A spawned one runs `python -c ... --multiprocessing-fork`, and `client run`'s sitecustomize
+  imports this module before multiprocessing has set its parent_process(); a forked one has it set."""
+  if sys.argv[1:2] == ["--multiprocessing-fork"]: return True
+  return (mp:=sys.modules.get("multiprocessing")) is not None and mp.parent_process() is not None
+
 def end_cleanly_on_signals():
-  if threading.current_thread() is not threading.main_thread(): return
-  if (mp:=sys.modules.get("multiprocessing")) is not None and mp.parent_process() is not None: return
-  def unwind(signum, frame):
-    if terminated:   # a second one while unwinding: at once
-      for proc in local_runners: stop_runner(proc)
-      signal.signal(signum, signal.SIG_DFL)
-      os.kill(os.getpid(), signum)
-    terminated.append(signum)
-    raise SystemExit(128 + signum)
+  if threading.current_thread() is not threading.main_thread() or multiprocessing_child(): return
   for sig in (signal.SIGTERM, signal.SIGHUP):
-    if signal.getsignal(sig) is signal.SIG_DFL: signal.signal(sig, unwind)
+    if signal.getsignal(sig) is signal.SIG_DFL: signal.signal(sig, _unwind)
+
+def _default_signals_in_a_fork():   # a forked child (a fork or forkserver worker, os.fork) inherits the handler: it is the parent's
+  terminated.clear()
+  for sig in (signal.SIGTERM, signal.SIGHUP):
+    with contextlib.suppress(ValueError):
+      if signal.getsignal(sig) is _unwind: signal.signal(sig, signal.SIG_DFL)
+if hasattr(os, "register_at_fork"): os.register_at_fork(after_in_child=_default_signals_in_a_fork)
 
 @atexit.register
 def _die_by_the_signal():   # registered before _shutdown, so it runs after it

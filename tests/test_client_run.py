@@ -407,21 +407,26 @@ def test_a_terminated_program_ends_its_sessions_at_once(scripts, how, sig):
   assert "Traceback" not in p.stderr.read()
 
 SIGTERM_IN_A_WORKER = """
-import multiprocessing, signal
+import multiprocessing, signal, sys
 def default(_):
   import client.remote_metal   # as a tinygrad compile worker does, unpickling the renderer's compiler
   return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 if __name__ == "__main__":
   import client.remote_metal
-  with multiprocessing.get_context("spawn").Pool(1) as pool: print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, pool.map(default, [0]))
+  with multiprocessing.get_context(sys.argv[1]).Pool(1) as pool: print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, pool.map(default, [0]))
 """
 
-def test_a_compile_worker_keeps_sigterms_default_so_the_pool_can_end_it(tmp_path):
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+@pytest.mark.parametrize("how", ["import", "client run"])
+def test_a_compile_worker_keeps_sigterms_default_so_the_pool_can_end_it(tmp_path, shared, how, method):
   """Pool.terminate() (at exit, after tinygrad compiled in parallel) SIGTERMs its workers and joins them: one that unwound instead of
-  dying could leave the pool's queue lock taken and the program hung at exit (CI, test_cache_loads). The program itself unwinds."""
+  dying could leave the pool's queue lock taken and the program hung at exit (CI, test_cache_loads). The program itself unwinds. Under
+  client run a spawned worker imports the client from sitecustomize, before multiprocessing calls it a child; a forked one inherits."""
   (tmp_path / "w.py").write_text(SIGTERM_IN_A_WORKER)
   e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
-  p = subprocess.run([sys.executable, "w.py"], cwd=tmp_path, env={**e, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+  argv = ["-m", "client", "run", "--runner", shared.addr, "w.py"] if how == "client run" else ["w.py"]
+  p = subprocess.run([sys.executable, *argv, method], cwd=tmp_path, env={**e, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                     timeout=120)
   assert (p.returncode, p.stdout) == (0, "False [True]\n"), p.stderr[-3000:]
 
 METAL_CLIENT = os.path.join(os.path.dirname(sys.executable), "metal-client")   # the command setup.sh's pip install makes
