@@ -94,12 +94,12 @@ def bench(reps:int=2, tokens:int=25, pin:bool=False, upload_reps:int|None=None) 
   out["upload"] = upload_bench(upload_reps or (3 if reps == 1 else 5))
   return out
 
-def upload(model:str, runners:list[Runner], xdg:pathlib.Path, env:dict|None=None) -> dict:
-  """One start: upload_worker.py under `python -m client run` over runners, the host's record in xdg."""
+def upload(model:str, runners:list[Runner], records:pathlib.Path, env:dict|None=None) -> dict:
+  """One start: upload_worker.py under `python -m client run` over runners, the host's records in the folder records."""
   e = {k: v for k, v in os.environ.items() if k not in ("DEV", "DEBUG", "METAL_RUNNER")}
   p = subprocess.run([sys.executable, "-m", "client", "run", "--runner", ",".join(r.addr for r in runners), str(HERE / "upload_worker.py"), model],
                      capture_output=True, text=True, cwd=str(ROOT), timeout=900,
-                     env={**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", "XDG_CACHE_HOME": str(xdg), **(env or {})})
+                     env={**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", "METAL_RUNNER_DIGESTS": str(records), **(env or {})})
   if p.returncode != 0: raise RuntimeError(f"the upload failed: {p.stderr[-2000:]}")
   return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -113,15 +113,15 @@ def upload_bench(reps:int=5) -> dict:
     os.utime(model, (time.time() - 60, time.time() - 60))   # the host records no file modified in the last 2 s (client/file_digests.py)
     out["model"] = {**UPLOAD_MODEL, "bytes": os.path.getsize(model)}
     for rep in range(reps):
-      xdg, rs = dd / f"xdg{rep}", [Runner(dd, f"u{rep}.{i}", None, "--cache-dir", str(dd / f"cache{rep}.{i}")) for i in range(2)]
+      records, rs = dd / f"records{rep}", [Runner(dd, f"u{rep}.{i}", None, "--cache-dir", str(dd / f"cache{rep}.{i}")) for i in range(2)]
       try:
         log(f"upload rep {rep + 1}: without the cache, first with it, restart ...")
         for mode, env in (("no cache", {"METAL_RUNNER_CACHE": "0"}), ("first", {}), ("restart", {})):
-          out["runs"].append({"rep": rep, "mode": mode, **upload(model, rs, xdg, env)})
+          out["runs"].append({"rep": rep, "mode": mode, **upload(model, rs, records, env)})
       finally:
         for r in rs: r.stop()
       rs = [Runner(dd, f"v{rep}.{i}", None, "--cache-dir", str(dd / f"cachev{rep}.{i}")) for i in range(2)]
-      try: out["runs"].append({"rep": rep, "mode": "first, host record", **upload(model, rs, xdg)})
+      try: out["runs"].append({"rep": rep, "mode": "first, host record", **upload(model, rs, records)})
       finally:
         for r in rs: r.stop()
   return out
