@@ -1,15 +1,24 @@
 """One model across runners (client/placement.py): tinygrad.llm's --benchmark through `python -m client run` on one CPU runner against
 two and three holding a range of blocks each, in the same run, alternating, as ratios; what each runner received against its share of the
 file; and runners of unequal speed (one shares its CPU with a busy loop), the speed-aware placement against the memory-only one
-(METAL_RUNNER_PLACEMENT=memory). Also a section of bench/run.py (--only llmrunners).
+(METAL_RUNNER_PLACEMENT=memory); and the upload with --cache-dir on the runners (upload_bench()). Also a section of bench/run.py
+(--only llmrunners).
 
-  python3 bench/llm_runners.py [--reps 2] [--tokens 25] [--pin]
+  python3 bench/llm_runners.py [--reps 2] [--tokens 25] [--pin] [--upload-only [--upload-reps 5]]
 
 The model is a GGUF from tests/ggufgen.py (8 blocks, dim 512, FFN 2048, 8 heads, vocabulary 4096: 47.7 MB, Q8_0 feed-forward, random
 weights). A figure is the median of the decode steps after the first ten of one run (tokens/s), then the median over the reps; a ratio is
 the median of the per-rep ratios against one runner. --pin: each runner pinned to a CPU (taskset, CPU i mod the CPUs), as
 bench/multirunner.py pins them, and the client to the last CPU (unpinned, the scheduler's placement of the client decides more than the
 runners do on two CPUs: docs/multi-runner.md); unpinned by default. Writes bench/results/llm_runners.json.
+
+The upload (docs/cache.md, A model's upload): a larger GGUF (UPLOAD_MODEL, 178 MB) over two CPU runners started with --cache-dir, each
+start a fresh `python -m client run` process (upload_worker.py's timing: client/placement.py's uploads of every run of the file, back to
+back, then a sync of each runner); per rep, fresh runners and cache directories and a fresh host record, in this order: without the
+cache (METAL_RUNNER_CACHE=0), the first upload with the cache (no host record: the client hashes the file), a restart (the same runners:
+the runners' caches and the host's record), then new runners with empty caches and the host's record (a first upload to those runners
+that does not hash the file again). Ratios are per rep against the same rep's upload without the cache, then the median; bytes are what
+the client sent, against the weights.
 """
 from __future__ import annotations
 import argparse, json, os, pathlib, re, statistics, subprocess, sys, tempfile, time
@@ -18,16 +27,17 @@ HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 MODEL = dict(blocks=8, dim=512, ffn=2048, heads=8, kv_heads=8, vocab=4096)
+UPLOAD_MODEL = dict(blocks=8, dim=1024, ffn=4096, heads=8, kv_heads=8, vocab=4096)
 
 def log(*a): print(*a, file=sys.stderr, flush=True)
 
 class Runner:
   """A CPU runner on 127.0.0.1 logging its sessions (-v) to a file, pinned to cpu if given."""
-  def __init__(self, logs:pathlib.Path, name:str, cpu:int|None=None):
+  def __init__(self, logs:pathlib.Path, name:str, cpu:int|None=None, *args:str):
     self.log = logs / f"{name}.log"
     pin = ["taskset", "-c", str(cpu)] if cpu is not None else []
     self.p = subprocess.Popen([*pin, os.environ.get("METAL_RUNNER_BIN") or str(ROOT / "daemon" / "metal_runner"), "--host", "127.0.0.1",
-                               "--port", "0", "--backend", "cpu", "-v"], stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True)
+                               "--port", "0", "--backend", "cpu", "-v", *args], stdout=subprocess.PIPE, stderr=open(self.log, "w"), text=True)
     line = self.p.stdout.readline()
     if not line.startswith("listening on "): raise RuntimeError(f"runner {name} did not start: {line!r}")
     self.addr = line.split()[2]
@@ -53,7 +63,7 @@ def run(model:str, runners:list[Runner], tokens:int, env:dict|None=None, client_
   return {"tok_s": statistics.median(rates), "text": re.findall(r"--  (.*)", p.stdout)[-1], "placement": line, "bytes_in": got,
           "share_mib": [float(x) for x in re.findall(r", ([\d.]+) MiB(?:;|$)", line)]}
 
-def bench(reps:int=2, tokens:int=25, pin:bool=False) -> dict:
+def bench(reps:int=2, tokens:int=25, pin:bool=False, upload_reps:int|None=None) -> dict:
   sys.path.insert(0, str(ROOT / "tests"))
   from ggufgen import write
   ncpu = os.cpu_count() or 1
@@ -81,9 +91,56 @@ def bench(reps:int=2, tokens:int=25, pin:bool=False) -> dict:
         for r in slow: r.stop()
     finally:
       for r in rs: r.stop()
+  out["upload"] = upload_bench(upload_reps or (3 if reps == 1 else 5))
   return out
 
+def upload(model:str, runners:list[Runner], records:pathlib.Path, env:dict|None=None) -> dict:
+  """One start: upload_worker.py under `python -m client run` over runners, the host's records in the folder records."""
+  e = {k: v for k, v in os.environ.items() if k not in ("DEV", "DEBUG", "METAL_RUNNER")}
+  p = subprocess.run([sys.executable, "-m", "client", "run", "--runner", ",".join(r.addr for r in runners), str(HERE / "upload_worker.py"), model],
+                     capture_output=True, text=True, cwd=str(ROOT), timeout=900,
+                     env={**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", "METAL_RUNNER_DIGESTS": str(records), **(env or {})})
+  if p.returncode != 0: raise RuntimeError(f"the upload failed: {p.stderr[-2000:]}")
+  return json.loads(p.stdout.strip().splitlines()[-1])
+
+def upload_bench(reps:int=5) -> dict:
+  sys.path.insert(0, str(ROOT / "tests"))
+  from ggufgen import write
+  out: dict = {"runs": []}
+  with tempfile.TemporaryDirectory(prefix="llm-upload-") as d:
+    dd = pathlib.Path(d)
+    model = write(str(dd / "model.gguf"), **UPLOAD_MODEL)
+    os.utime(model, (time.time() - 60, time.time() - 60))   # the host records no file modified in the last 2 s (client/file_digests.py)
+    out["model"] = {**UPLOAD_MODEL, "bytes": os.path.getsize(model)}
+    for rep in range(reps):
+      records, rs = dd / f"records{rep}", [Runner(dd, f"u{rep}.{i}", None, "--cache-dir", str(dd / f"cache{rep}.{i}")) for i in range(2)]
+      try:
+        log(f"upload rep {rep + 1}: without the cache, first with it, restart ...")
+        for mode, env in (("no cache", {"METAL_RUNNER_CACHE": "0"}), ("first", {}), ("restart", {})):
+          out["runs"].append({"rep": rep, "mode": mode, **upload(model, rs, records, env)})
+      finally:
+        for r in rs: r.stop()
+      rs = [Runner(dd, f"v{rep}.{i}", None, "--cache-dir", str(dd / f"cachev{rep}.{i}")) for i in range(2)]
+      try: out["runs"].append({"rep": rep, "mode": "first, host record", **upload(model, rs, records)})
+      finally:
+        for r in rs: r.stop()
+  return out
+
+def upload_summary(out:dict) -> list[str]:
+  runs, w = out["runs"], out["runs"][0]["weights"]
+  def of(mode): return [r for r in runs if r["mode"] == mode]
+  lines = [f"upload of {w / 1e6:.1f} MB of weights ({out['model']['bytes'] / 1e6:.1f} MB GGUF) over 2 CPU runners with --cache-dir, "
+           f"{len(of('first'))} reps, medians:"]
+  for mode in ("no cache", "first", "restart", "first, host record"):
+    rs = of(mode)
+    ratio = statistics.median(r["s"] / b["s"] for r in rs for b in of("no cache") if b["rep"] == r["rep"])
+    lines.append(f"{mode:<19} {statistics.median(r['s'] for r in rs):6.3f} s {statistics.median(w / r['s'] / 1e9 for r in rs):5.2f} GB/s"
+                 f"  {1 / ratio:4.2f}x no cache  sent {statistics.median(sum(r['sent']) / w for r in rs) * 100:7.3f}% of the weights"
+                 f"  client hashed {statistics.median(r['hashed'] for r in rs):g} pieces")
+  return lines
+
 def summary(out:dict) -> list[str]:
+  if "runs" not in out: return upload_summary(out["upload"]) if "upload" in out else []
   runs = out["runs"]
   def med(mode): return statistics.median(r["tok_s"] for r in runs if r["mode"] == mode)
   def ratio(mode, base):
@@ -99,16 +156,18 @@ def summary(out:dict) -> list[str]:
     if r["share_mib"]:
       lines.append(f"{r['mode']} rep {r['rep'] + 1}: bytes received / share: " +
                    ", ".join(f"{g / (1 << 20):.1f}/{s:.1f} MiB ({g / (1 << 20) / s:.2f}x)" for g, s in zip(r["bytes_in"], r["share_mib"])))
-  return lines
+  return lines + (upload_summary(out["upload"]) if "upload" in out else [])
 
 if __name__ == "__main__":
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--reps", type=int, default=2)
   ap.add_argument("--tokens", type=int, default=25)
   ap.add_argument("--pin", action="store_true")
+  ap.add_argument("--upload-only", action="store_true", help="only the upload with --cache-dir on the runners")
+  ap.add_argument("--upload-reps", type=int, default=None, help="reps of the upload (default 5; 3 with --reps 1)")
   a = ap.parse_args()
   os.environ["METAL_RUNNER_TOKEN_FILE"] = ""
-  res = bench(a.reps, a.tokens, a.pin)
+  res = {"upload": upload_bench(a.upload_reps or 5)} if a.upload_only else bench(a.reps, a.tokens, a.pin, a.upload_reps)
   RESULTS.mkdir(exist_ok=True)
   (RESULTS / "llm_runners.json").write_text(json.dumps(res, indent=1))
   print("\n".join(summary(res)))

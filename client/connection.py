@@ -157,28 +157,31 @@ def _hasher():
     import concurrent.futures
     _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="metal_runner-hash")
   return _pool
-def _hash_groups(groups:list) -> list:
+def _hash_groups(groups:list, known:list) -> list:
   """Futures of each group's digests (write_cached): the later groups hashed by the hashing thread, ahead of the sender, the first here,
   meanwhile, as the sender needs it at once; here too once the interpreter has shut its thread pools down (a write from a thread that
-  outlives the main one, or at exit), when the pool takes no more work."""
+  outlives the main one, or at exit), when the pool takes no more work. known: each group's digests the caller knows (None: hash it)."""
   import concurrent.futures
-  def here(parts):
+  def here(parts, kn):
     f: concurrent.futures.Future = concurrent.futures.Future()
-    f.set_result(_digests(parts))
+    f.set_result(_digests(parts, kn))
     return f
-  def ahead(parts):
-    try: return _hasher().submit(_digests, parts)
-    except RuntimeError: return here(parts)
-  rest = [ahead(parts) for parts in groups[1:]]
-  return [here(groups[0]), *rest] if groups else []
+  def ahead(parts, kn):
+    if None not in kn: return here(parts, kn)
+    try: return _hasher().submit(_digests, parts, kn)
+    except RuntimeError: return here(parts, kn)
+  rest = [ahead(parts, kn) for parts, kn in zip(groups[1:], known[1:])]
+  return [here(groups[0], known[0]), *rest] if groups else []
 
-def _digests(parts) -> list[bytes]:
+def _digests(parts, known) -> list[bytes]:
   # each chunk is copied into a buffer the CPU caches hold and hashed there: on the 2-vCPU VM of docs/cache.md, 1.4 GB/s against 1.1
   # hashing the caller's memory in place (hashing alone leaves the memory's latency unhidden; a copy streams)
-  out, tmp = [], bytearray(max(map(len, parts), default=0))
-  for c in parts:
-    tmp[:len(c)] = c
-    out.append(hashlib.sha256(memoryview(tmp)[:len(c)]).digest())
+  out, tmp = [], bytearray(max((len(c) for c, k in zip(parts, known) if k is None), default=0))
+  for c, k in zip(parts, known):
+    if k is None:
+      tmp[:len(c)] = c
+      k = hashlib.sha256(memoryview(tmp)[:len(c)]).digest()
+    out.append(k)
   return out
 
 def _nbytes(b) -> int: return b.nbytes if isinstance(b, memoryview) else len(b)
@@ -354,33 +357,40 @@ class Runner:
   def copy(self, dst:int, dstoff:int, src:int, srcoff:int, count:int):
     self._send(P.TCOPY, f"Tcopy dst={dst}+{dstoff} src={src}+{srcoff} count={count}", dst=dst, src=src, dstoff=dstoff, srcoff=srcoff, count=count)
 
-  def write(self, h:int, offset:int, data):
+  def write(self, h:int, offset:int, data, at:int=0, known=None) -> list[tuple[int, int, bytes]]|None:
     """Copy data (bytes-like) into buffer h at offset, in frames of at most WRITE_FRAME bytes; large data is not copied.
-    With a runner cache, large data goes by content (write_cached)."""
+    With a runner cache, large data goes by content (write_cached; at, known and what it returns are its)."""
     mv, step = memoryview(data).cast("B"), min(WRITE_FRAME, self.maxmsg - P.MSGS[P.TWRITE].size)
     if len(mv) < COPY_SIZE:   # one small frame, copied into the send buffer: nothing of the caller's memory is kept
       self._send(P.TWRITE, (_TWRITE_DESC, h, offset, len(mv)), 0, [mv], handle=h, offset=offset, count=len(mv))
-      return
-    if self.progress is None: return self._write(h, offset, mv, step)
-    with self.progress.write(self, len(mv)): self._write(h, offset, mv, step)
+      return None
+    if self.progress is None: return self._write(h, offset, mv, step, at, known)
+    with self.progress.write(self, len(mv)): return self._write(h, offset, mv, step, at, known)
 
-  def _write(self, h:int, offset:int, mv:memoryview, step:int):
-    if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv)
+  def _write(self, h:int, offset:int, mv:memoryview, step:int, at:int=0, known=None) -> list[tuple[int, int, bytes]]|None:
+    if self.cache and len(mv) >= CACHE_MIN and self.info.caps & P.CAP_CACHE: return self.write_cached(h, offset, mv, at=at, known=known)
     with self._lending():
       for i in range(0, max(len(mv), 1), step):
         c = mv[i:i+step]
         if len(c) >= COPY_SIZE: self._send_bulk(c, h, offset + i)
         else: self._send(P.TWRITE, (_TWRITE_DESC, h, offset + i, len(c)), 0, [c], handle=h, offset=offset+i, count=len(c))
+    return None
 
-  def write_cached(self, h:int, offset:int, data, chunk:int=CACHE_CHUNK):
+  def write_cached(self, h:int, offset:int, data, chunk:int=CACHE_CHUNK, at:int=0, known=None) -> list[tuple[int, int, bytes]]:
     """Write data by content: each chunk the runner holds goes as a Twritehash, each other one as a Twrite that the runner also keeps
     (FCACHE). Chunks go in groups (1, 2, 4, then CACHE_GROUP chunks): a thread hashes the groups ahead (hashlib lets go of the GIL) while
     this one sends, and each group's Thave goes out before the previous group's data, so its Rhave is back when that data has gone and
-    the link never waits for a hash or a round trip but the first. A group whose chunks this session has seen held asks nothing."""
+    the link never waits for a hash or a round trip but the first. A group whose chunks this session has seen held asks nothing.
+    at: where data starts in its source (a file): chunks are cut at the source's multiples of the chunk size, so the same bytes are
+    the same chunks whichever range of the file is written; known(pos, length): a chunk's digest the caller recorded (None: hashed
+    here). Returns each chunk's (pos, length, digest), pos in the source, for the caller to record (client/file_digests.py)."""
     mv, chunk = memoryview(data).cast("B"), min(chunk, self.maxmsg - P.MSGS[P.TWRITE].size)
-    parts, groups, a, g = [mv[i:i+chunk] for i in range(0, len(mv), chunk)], [], 0, 1
+    cuts = [0, *range(-at % chunk or chunk, len(mv), chunk)] if len(mv) else []
+    parts = [mv[a:b] for a, b in zip(cuts, [*cuts[1:], len(mv)])]
+    groups, a, g = [], 0, 1
     while a < len(parts): groups, a, g = groups + [(a, min(a + g, len(parts)))], a + g, min(2 * g, CACHE_GROUP)
-    hashes = _hash_groups([parts[a:b] for a, b in groups])
+    kn = [None] * len(parts) if known is None else [known(at + c, len(p)) for c, p in zip(cuts, parts)]
+    hashes = _hash_groups([parts[a:b] for a, b in groups], [kn[a:b] for a, b in groups])
     asked: list[tuple[int, list[bytes]]|None] = [None] * len(groups)   # each group's Thave: its tag and what it asked; None: nothing
     try:
       with self._lending():
@@ -390,13 +400,14 @@ class Runner:
           if (q := asked[k]) is not None: self._held.update(d for d, x in zip(q[1], self._wait(q[0], P.RHAVE)["data"]) if x == 1)
           for i, (c, d) in enumerate(zip(parts[a:b], hashes[k].result()), a):
             if d in self._held:
-              self._send(P.TWRITEHASH, ("Twritehash handle={} offset={} count={}", h, offset+i*chunk, len(c)), handle=h,
-                         offset=offset+i*chunk, count=len(c), hash=d)
-            else: self._send(P.TWRITE, (_TWRITE_DESC, h, offset+i*chunk, len(c)), P.FCACHE, [c], handle=h, offset=offset+i*chunk, count=len(c))
+              self._send(P.TWRITEHASH, ("Twritehash handle={} offset={} count={}", h, offset+cuts[i], len(c)), handle=h,
+                         offset=offset+cuts[i], count=len(c), hash=d)
+            else: self._send(P.TWRITE, (_TWRITE_DESC, h, offset+cuts[i], len(c)), P.FCACHE, [c], handle=h, offset=offset+cuts[i], count=len(c))
     except BaseException:
       for f in hashes: f.cancel()
       self._skip.update(q[0] for q in asked if q is not None and q[0] in self._sent)
       raise
+    return [(at + c, len(p), d) for c, p, d in zip(cuts, parts, (d for f in hashes for d in f.result()))]
 
   def _ask(self, digests:list[bytes]) -> tuple[int, list[bytes]]|None:
     """Send a Thave, not waited for, about those of digests not known held: its tag and what it asks; None if there is nothing to ask."""

@@ -13,7 +13,7 @@ place() puts a Transformer built otherwise (its own weights) over devices the sa
 uses this for tinygrad's app (across_runners()); with one runner nothing here is imported.
 """
 from __future__ import annotations
-import contextlib, dataclasses, io, os, pathlib, re, sys, time
+import contextlib, dataclasses, io, mmap, os, pathlib, re, sys, time
 from tinygrad import Device, Tensor, TinyJit, dtypes, nn
 from tinygrad.helpers import DEBUG, round_up
 from client.discovery import RunnerUnavailable
@@ -203,21 +203,39 @@ def device_of(name:str, p:Placement) -> str:
 
 def load_state(path:str|pathlib.Path, infos:list[TensorInfo], p:Placement) -> dict[str, Tensor]:
   """The state dict gguf_load would give, each tensor on its device: the raw bytes of each run of consecutive tensors of one device go
-  from the file (tinygrad's DISK device) to that device, and the dequantization is lazy there, as on one device."""
+  from the file to that device (upload()), and the dequantization is lazy there, as on one device."""
   from tinygrad.llm.gguf import ggml_data_to_tensor
-  disk, want = Tensor(pathlib.Path(path)), [(t, device_of(t.name, p)) for t in sorted(infos, key=lambda t: t.offset)]
+  from client.file_digests import FileDigests
+  sd, disk, digests = {}, Tensor(pathlib.Path(path)), FileDigests(path)
+  with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+    for d, ts in runs(infos, p):
+      a = ts[0].offset
+      raw = upload(disk, m, d, a, max(t.offset + t.nbytes for t in ts), digests)
+      for t in ts: sd[t.name] = ggml_data_to_tensor(raw[t.offset - a:], prod(t.dims), t.typ).reshape(*reversed(t.dims))
+  digests.save()
+  return sd
+
+def runs(infos:list[TensorInfo], p:Placement) -> list[tuple[str, list[TensorInfo]]]:
+  """Each device's runs of consecutive tensors in the file, in the file's order: one upload each."""
+  want = [(t, device_of(t.name, p)) for t in sorted(infos, key=lambda t: t.offset)]
   if not any(t.name == "output.weight" for t in infos):   # tied: the head reads the embedding's bytes on the last device
     want += [(dataclasses.replace(t, name="output.weight"), p.parts[-1].device) for t in infos if t.name == "token_embd.weight"]
-  runs: list[tuple[str, list[TensorInfo]]] = []
+  out: list[tuple[str, list[TensorInfo]]] = []
   for t, d in want:
-    if runs and runs[-1][0] == d and runs[-1][1][-1].offset + runs[-1][1][-1].nbytes <= t.offset: runs[-1][1].append(t)
-    else: runs.append((d, [t]))
-  sd = {}
-  for d, ts in runs:
-    a = ts[0].offset
-    raw = disk[a:max(t.offset + t.nbytes for t in ts)].to(d).realize()
-    for t in ts: sd[t.name] = ggml_data_to_tensor(raw[t.offset - a:], prod(t.dims), t.typ).reshape(*reversed(t.dims))
-  return sd
+    if out and out[-1][0] == d and out[-1][1][-1].offset + out[-1][1][-1].nbytes <= t.offset: out[-1][1].append(t)
+    else: out.append((d, [t]))
+  return out
+
+def upload(disk:Tensor, m:mmap.mmap, device:str, a:int, b:int, digests) -> Tensor:
+  """Bytes a to b of the file (disk, and m, its map) on device, as uint8. To a runner they go by content where its cache is on
+  (docs/cache.md): the pieces' digests that the host's record holds (client/file_digests.py) are not computed again, and those computed
+  now go into it. To another device, through tinygrad's DISK device."""
+  if (r:=runner_of(device)) is None: return disk[a:b].to(device).realize()
+  t = Tensor.empty(b - a, dtype=dtypes.uint8, device=device)
+  h, off, _ = t.uop.buffer.ensure_allocated()._buf
+  with memoryview(m) as mv:
+    for o, n, d in r.write(h, off, mv[a:b], at=a, known=digests.get) or (): digests.add(o, n, d)
+  return t
 
 def prod(xs) -> int:
   n = 1
