@@ -49,12 +49,15 @@ class TPPlacement:
             f"; each runner {mb(self.shard + self.replicated)}: its part of the attention and feed-forward weights, {mb(self.shard)}, and the "
             f"embedding, norms and head, {mb(self.replicated)}")
 
-def unsupported(kv:dict) -> str|None:
+def unsupported(kv:dict, infos:list[TensorInfo]) -> str|None:
   """What of the model tensor parallel here does not split (the blocks of examples/shard_llm.py's kind only), None: nothing."""
   arch = kv["general.architecture"]
   if kv.get(f"{arch}.expert_count", 0): return "experts (a mixture of experts)"
   if kv.get(f"{arch}.attention.kv_lora_rank", 0): return "latent attention (MLA)"
   if arch in ("qwen35", "qwen35moe", "kimi-linear"): return f"recurrent blocks ({arch})"
+  head_dim = kv.get(f"{arch}.attention.key_length", kv[f"{arch}.embedding_length"] // kv[f"{arch}.attention.head_count"])
+  if any(t.name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) and t.dims[0] != head_dim for t in infos):
+    return "a norm over all the heads' queries and keys together"
   return None
 
 def divisions(kv:dict, infos:list[TensorInfo], n:int) -> list[str]:
@@ -62,26 +65,23 @@ def divisions(kv:dict, infos:list[TensorInfo], n:int) -> list[str]:
   from tinygrad.llm.gguf import _GGML_QUANT
   arch = kv["general.architecture"]
   heads, kv_heads, ffn = kv[f"{arch}.attention.head_count"], kv[f"{arch}.attention.head_count_kv"], kv.get(f"{arch}.feed_forward_length", 0)
-  bad = [f"{v} {what}" for v, what in ((heads, "attention heads"), (kv_heads, "KV heads"), (ffn, "FFN width")) if v % n]
-  for t in infos:
-    if shard_axis(t) == 1 and (q:=_GGML_QUANT.get(t.typ)) is not None and (t.dims[0] // n) % q[0]:
-      bad.append(f"{t.name}'s rows of {t.dims[0]} values in quantized blocks of {q[0]}")
-      break
-  head_dim = kv.get(f"{arch}.attention.key_length", kv[f"{arch}.embedding_length"] // heads)
-  if any(t.name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) and t.dims[0] != head_dim for t in infos):
-    bad.append("a norm over all the heads' queries and keys together")
-  return bad
+  if (bad:=[what for v, what in ((heads, f"{heads} attention heads"), (kv_heads, f"{kv_heads} KV heads"), (ffn, f"FFN width {ffn}")) if v % n]):
+    return bad
+  return [f"{t.name}'s rows of {t.dims[0]} values in quantized blocks of {q[0]}" for t in infos
+          if shard_axis(t) == 1 and (q:=_GGML_QUANT.get(t.typ)) is not None and (t.dims[0] // n) % q[0]][:1]
+
+def words(xs:list[str]) -> str: return " and ".join([", ".join(xs[:-1]), xs[-1]] if len(xs) > 1 else xs)
 
 def plan_tp(kv:dict, infos:list[TensorInfo], devices:tuple[str, ...], max_context:int, headroom:int=HEADROOM) -> TPPlacement:
   """Tensor parallel over devices: DoesNotDivide when a shape does not split, DoesNotFit when a runner cannot hold its part, the
   replicated tensors, its share of the KV cache and headroom; both before anything is uploaded."""
   n, arch = len(devices), kv["general.architecture"]
-  if (what:=unsupported(kv)) is not None:
+  if (what:=unsupported(kv, infos)) is not None:
     raise DoesNotDivide(f"metal_runner: tensor parallel placement splits attention and feed-forward blocks, and this model has {what}; "
                         f"nothing was uploaded (unset METAL_RUNNER_PLACEMENT for a range of blocks on each runner)")
   if (bad:=divisions(kv, infos, n)):
     raise DoesNotDivide(f"metal_runner: tensor parallel over {n} runners splits the attention heads, the KV heads and the FFN width "
-                        f"{n} ways: the model's {', '.join(bad)} do not divide by {n}; nothing was uploaded (name a number of runners "
+                        f"{n} ways: the model's {words(bad)} do not divide by {n}; nothing was uploaded (name a number of runners "
                         f"that divides them, or unset METAL_RUNNER_PLACEMENT for a range of blocks on each runner)")
   shard = sum(t.nbytes for t in infos if shard_axis(t) is not None) // n
   replicated = sum(t.nbytes for t in infos if shard_axis(t) is None)
