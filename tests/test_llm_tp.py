@@ -1,0 +1,159 @@
+# METAL_RUNNER_PLACEMENT for tinygrad.llm over several CPU runners on 127.0.0.1: `tp` (client/placement_tp.py, tensor parallel) against
+# tinygrad's own CPU device for the same text, its refusals before any upload, and `one` (the first runner alone). GGUFs from
+# tests/ggufgen.py; the runners' logs for what each received.
+import re
+import pytest
+from ggufgen import write
+from test_llm_runners import Runners, python, texts
+
+CTX = "64"
+TP = {"METAL_RUNNER_PLACEMENT": "tp"}
+
+# *** the split's arithmetic, without runners
+
+from client.placement import DoesNotFit, TensorInfo   # noqa: E402
+from client.placement_tp import DoesNotDivide, plan_tp, shard_axis   # noqa: E402
+
+Q8_0, F16 = 8, 1
+
+def llama(heads:int, kv_heads:int, ffn:int, dim:int=64) -> dict:
+  return {"general.architecture": "llama", "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv_heads,
+          "llama.feed_forward_length": ffn, "llama.embedding_length": dim, "llama.block_count": 1}
+
+def tensors(dim:int, ffn:int, kv_dim:int) -> list[TensorInfo]:
+  """One block's tensors as read_gguf lists them (GGUF's dims: input features first), byte sizes of float16 and Q8_0."""
+  f16, q8 = lambda i, o: 2 * i * o, lambda i, o: i * o // 32 * 34
+  ts = [("token_embd.weight", (dim, 320), F16, f16(dim, 320)), ("blk.0.attn_q.weight", (dim, dim), F16, f16(dim, dim)),
+        ("blk.0.attn_k.weight", (dim, kv_dim), F16, f16(dim, kv_dim)), ("blk.0.attn_v.weight", (dim, kv_dim), F16, f16(dim, kv_dim)),
+        ("blk.0.attn_output.weight", (dim, dim), Q8_0, q8(dim, dim)), ("blk.0.ffn_gate.weight", (dim, ffn), Q8_0, q8(dim, ffn)),
+        ("blk.0.ffn_up.weight", (dim, ffn), Q8_0, q8(dim, ffn)), ("blk.0.ffn_down.weight", (ffn, dim), Q8_0, q8(ffn, dim)),
+        ("blk.0.attn_norm.weight", (dim,), 0, 4 * dim), ("output.weight", (dim, 320), F16, f16(dim, 320))]
+  return [TensorInfo(n, d, t, 0, b) for n, d, t, b in ts]
+
+def test_the_attention_and_ffn_are_split_on_their_features_the_rest_replicated():
+  axes = {t.name: shard_axis(t) for t in tensors(64, 128, 32)}
+  assert axes == {"token_embd.weight": None, "blk.0.attn_q.weight": 0, "blk.0.attn_k.weight": 0, "blk.0.attn_v.weight": 0,
+                  "blk.0.attn_output.weight": 1, "blk.0.ffn_gate.weight": 0, "blk.0.ffn_up.weight": 0, "blk.0.ffn_down.weight": 1,
+                  "blk.0.attn_norm.weight": None, "output.weight": None}
+
+def test_each_runner_holds_its_part_and_the_replicated_tensors():
+  ts = tensors(64, 128, 32)
+  p = plan_tp(llama(4, 2, 128), ts, ("CPU", "CPU:1"), 64, headroom=0)
+  split = sum(t.nbytes for t in ts if shard_axis(t) is not None)
+  assert (p.shard, p.replicated) == (split // 2, sum(t.nbytes for t in ts) - split)
+  assert p.kv == 2 * 2 * 2 * 64 * 16 // 2   # K and V, half precision, 2 KV heads of 16, 64 positions, half of it per runner
+  assert str(p).startswith("tensor parallel over 2 runners: CPU (local), CPU:1 (local); each runner ")
+
+def test_shapes_that_do_not_divide_are_named():
+  with pytest.raises(DoesNotDivide) as e:
+    plan_tp(llama(4, 2, 100), tensors(64, 100, 32), ("CPU",) * 3, 64)
+  assert "tensor parallel over 3 runners" in str(e.value) and "4 attention heads, 2 KV heads and FFN width 100 do not divide by 3" in str(e.value)
+  # Q8_0 rows of 96 values split in two are 48 values: not whole blocks of 32
+  with pytest.raises(DoesNotDivide) as e:
+    plan_tp(llama(4, 2, 96), tensors(64, 96, 32), ("CPU",) * 2, 64)
+  assert "blk.0.ffn_down.weight's rows of 96 values in quantized blocks of 32" in str(e.value)
+
+def test_a_runner_that_cannot_hold_its_part_is_refused(monkeypatch):
+  import client.placement_tp as tp
+  class Info: memory = 1 << 20
+  class R: info, addr = Info, "h:1"
+  monkeypatch.setattr(tp, "runner_of", lambda d: R)
+  with pytest.raises(DoesNotFit) as e:
+    plan_tp(llama(4, 2, 128), tensors(64, 128, 32), ("CPU", "CPU:1"), 64)   # 4 MiB of headroom alone is more than 1 MiB
+  assert re.search(r"h:1 offers 1.0 MiB, h:1 offers 1.0 MiB.*4.0 MiB of headroom: [\d.]+ MiB; nothing was uploaded$", str(e.value))
+
+# *** the app over runners
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+  d = tmp_path_factory.mktemp("gguf")
+  # small: 4 blocks at dim 64, 4 heads, 2 KV heads; half: 6.4 MB in 4 blocks at dim 256, whose halves two runners of --session-mem 9M hold
+  # and neither holds whole with the rest; three heads: 3 heads and 3 KV heads of 32, which two runners cannot split
+  return {"small": write(str(d / "small.gguf"), blocks=4), "half": write(str(d / "half.gguf"), blocks=4, dim=256, ffn=1536),
+          "three": write(str(d / "three.gguf"), blocks=2, dim=96, heads=3, kv_heads=3)}
+
+@pytest.fixture(scope="module")
+def cpu_runs(models):
+  """tinygrad's own CPU device's stdout for a model and stdin (None: --benchmark 6), made once each, when a test first asks for it."""
+  made: dict[tuple, str] = {}
+  def get(k:str, stdin:str|None=None) -> str:
+    if (k, stdin) not in made:
+      args = ["--benchmark", "6"] if stdin is None else []
+      p = python("-m", "client.llm_kernels", "--model", models[k], "--max_context", CTX, *args, env={"DEV": "CPU"}, stdin=stdin)
+      assert p.returncode == 0, p.stderr[-3000:]
+      made[k, stdin] = p.stdout
+    return made[k, stdin]
+  return get
+
+def tp_line(stderr:str) -> str:
+  lines = [s for s in stderr.splitlines() if s.startswith("tensor parallel over")]
+  assert len(lines) == 1, stderr[-3000:]
+  return lines[0]
+
+@pytest.mark.slow
+def test_benchmark_tensor_parallel_over_two_runners_that_each_hold_half(models, cpu_runs):
+  """Each runner of --session-mem 9M holds its half of each block and the replicated tensors, receives about that, and the text is the CPU
+  device's."""
+  with Runners(2, "--session-mem", "9M") as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["half"], "--max_context", CTX,
+               "--benchmark", "6", env=TP, timeout=900)
+    assert texts(p) == texts_of(cpu_runs("half")) and len(texts(p)) == 6
+    line = tp_line(p.stderr)
+    a, b = rs.procs[0].addr, rs.procs[1].addr
+    assert re.match(rf"tensor parallel over 2 runners: REMOTE {a}, REMOTE:1 {b}; each runner ([\d.]+) MiB: ", line), line
+    share = float(re.search(r"each runner ([\d.]+) MiB", line).group(1))
+    got = rs.bytes_in()
+    assert all(abs(g / (1 << 20) - share) <= 0.1 * share for g in got), (got, share)
+    assert "placement over" not in p.stderr and "max context 64 on ('REMOTE', 'REMOTE:1')" in p.stdout
+
+def texts_of(stdout:str) -> list[str]: return re.findall(r"tok/s.*--  (.*)", stdout)
+
+@pytest.mark.slow
+def test_chat_tensor_parallel_prefills_the_prompt_as_the_cpu_device_does(models, cpu_runs):
+  """A prompt of many tokens (the chat template around 'Hello world'), fed one token at a time: the reply is the CPU device's."""
+  with Runners(2) as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["small"], "--max_context", CTX,
+               env=TP, stdin="Hello world\n", timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    tp_line(p.stderr)
+    reply, cpu = p.stdout.split(">>> ")[1:], cpu_runs("small", "Hello world\n").split(">>> ")[1:]
+    assert len(reply) == 2 and len(reply[0]) > 20 and reply == cpu, (reply, cpu)
+
+def test_a_model_whose_heads_do_not_divide_is_refused_before_any_upload(models):
+  with Runners(2) as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["three"], "--max_context", CTX,
+               "--benchmark", "2", env=TP)
+    assert p.returncode == 1, p.stderr[-3000:]
+    assert re.search(r"^metal_runner: tensor parallel over 2 runners splits the attention heads, the KV heads and the FFN width 2 ways: "
+                     r"the model's 3 attention heads and 3 KV heads do not divide by 2; nothing was uploaded .*$", p.stderr, re.M), p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+    assert all(n < 4096 for n in rs.bytes_in()), rs.bytes_in()   # the handshakes, no weights
+
+def test_a_part_a_runner_cannot_hold_is_refused_before_any_upload(models):
+  with Runners(2, "--session-mem", "5M") as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["half"], "--max_context", CTX,
+               "--benchmark", "2", env=TP)
+    assert p.returncode == 1, p.stderr[-3000:]
+    a, b = rs.procs[0].addr, rs.procs[1].addr
+    assert re.search(rf"^metal_runner: the model does not fit on these runners tensor parallel \({a} offers 5.0 MiB, {b} offers 5.0 MiB, "
+                     r"per session.*nothing was uploaded$", p.stderr, re.M), p.stderr[-3000:]
+    assert all(n < 4096 for n in rs.bytes_in()), rs.bytes_in()
+
+@pytest.mark.slow
+def test_one_runs_on_the_first_runner_alone(models, cpu_runs):
+  with Runners(2) as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["small"], "--max_context", CTX,
+               "--benchmark", "6", env={"METAL_RUNNER_PLACEMENT": "one"})
+    assert texts(p) == texts_of(cpu_runs("small"))
+    assert (f"metal_runner: the model on the first runner alone, {rs.procs[0].addr} (METAL_RUNNER_PLACEMENT=one); unused: "
+            f"{rs.procs[1].addr}\n") in p.stderr, p.stderr[-3000:]
+    assert "max context 64 on REMOTE\n" in p.stdout
+    first, second = rs.bytes_in()
+    assert first > 100_000 and second < 4096, (first, second)   # the second runner: its handshake, nothing uploaded
+
+def test_an_unknown_placement_is_refused_with_one_line(models):
+  with Runners(2) as rs:
+    p = python("-m", "client", "run", "--runner", rs.addr, "-m", "tinygrad.llm", "--model", models["small"], "--benchmark", "2",
+               env={"METAL_RUNNER_PLACEMENT": "TP"})
+    assert p.returncode == 1 and p.stderr.strip() == ("metal_runner: METAL_RUNNER_PLACEMENT=TP is not a placement: memory, tp, one, or unset "
+                                                      "(by memory and speed)"), p.stderr[-3000:]
