@@ -1,8 +1,8 @@
 """One model across runners (client/placement.py): tinygrad.llm's --benchmark through `python -m client run` on one CPU runner against
-two and three holding a range of blocks each, in the same run, alternating, as ratios; what each runner received against its share of the
-file; and runners of unequal speed (one shares its CPU with a busy loop), the speed-aware placement against the memory-only one
-(METAL_RUNNER_PLACEMENT=memory); and the upload with --cache-dir on the runners (upload_bench()). Also a section of bench/run.py
-(--only llmrunners).
+two and three holding a range of blocks each, and two tensor parallel (METAL_RUNNER_PLACEMENT=tp, client/placement_tp.py), in the same
+run, alternating, as ratios; what each runner received against its share of the file; and runners of unequal speed (one shares its CPU
+with a busy loop), the speed-aware placement against the memory-only one (METAL_RUNNER_PLACEMENT=memory); and the upload with
+--cache-dir on the runners (upload_bench()). Also a section of bench/run.py (--only llmrunners).
 
   python3 bench/llm_runners.py [--reps 2] [--tokens 25] [--pin] [--upload-only [--upload-reps 5]]
 
@@ -74,10 +74,10 @@ def bench(reps:int=2, tokens:int=25, pin:bool=False, upload_reps:int|None=None) 
     out: dict = {"model": {**MODEL, "bytes": os.path.getsize(model)}, "pin": pin, "runs": []}
     try:
       for rep in range(reps):
-        modes = [("one", rs[:1]), ("two", rs[1:3]), ("three", rs[1:4])]
-        for name, group in (modes if rep % 2 == 0 else modes[::-1]):
+        modes = [("one", rs[:1], None), ("two", rs[1:3], None), ("three", rs[1:4], None), ("tp", rs[1:3], {"METAL_RUNNER_PLACEMENT": "tp"})]
+        for name, group, env in (modes if rep % 2 == 0 else modes[::-1]):
           log(f"rep {rep + 1}: {name} ...")
-          out["runs"].append({"rep": rep, "mode": name, **run(model, group, tokens, client_cpu=ncpu - 1 if pin else None)})
+          out["runs"].append({"rep": rep, "mode": name, **run(model, group, tokens, env, client_cpu=ncpu - 1 if pin else None)})
       # unequal speeds: the second runner shares its CPU with a busy loop; speed-aware against memory-only placement
       hog = subprocess.Popen(["taskset", "-c", str(1 % ncpu), sys.executable, "-c", "while True: pass"])
       slow = [Runner(dd, "fast", 0 % ncpu), Runner(dd, "slow", 1 % ncpu)]
@@ -146,7 +146,7 @@ def summary(out:dict) -> list[str]:
   def ratio(mode, base):
     return statistics.median(a["tok_s"] / b["tok_s"] for a in runs for b in runs if a["mode"] == mode and b["mode"] == base and a["rep"] == b["rep"])
   lines = [f"model: {out['model']['bytes'] / 1e6:.1f} MB GGUF; {'runners and client pinned' if out['pin'] else 'nothing pinned'}; tokens/s, median"]
-  for mode, base in (("one", None), ("two", "one"), ("three", "one"), ("unequal_memory", None), ("unequal_speed", "unequal_memory")):
+  for mode, base in (("one", None), ("two", "one"), ("three", "one"), ("tp", "one"), ("unequal_memory", None), ("unequal_speed", "unequal_memory")):
     if not any(r["mode"] == mode for r in runs): continue
     pl = next(r["placement"] for r in runs if r["mode"] == mode)
     lines.append(f"{mode:<16} {med(mode):7.1f} tok/s" + (f"  {ratio(mode, base):.2f}x {base}" if base else "") + (f"  [{pl}]" if pl else ""))

@@ -112,24 +112,28 @@ def multi(parts:list[Tensor], axis:int|None) -> Tensor:
 def load_state_tp(path:str|pathlib.Path, infos:list[TensorInfo], devices:tuple[str, ...]) -> dict[str, Tensor]:
   """The state dict gguf_load would give, each tensor over the devices: a part split on the output features is a run of whole rows in
   the file, sent from it (tinygrad's DISK device) as the split by layers sends; one split on the input features is gathered row by row
-  on this host first. Each device dequantizes its own part, lazily, as on one device."""
+  on this host first. The parts' bytes become one multi-device tensor and are dequantized as that, lazily: each device's kernels read
+  its bytes as they are, as on one device. (Parts dequantized each on its own device and then joined are a join of computed values,
+  which tinygrad computes into buffers of their own every step: every weight written out again, the Q8_0 ones as float32, and read
+  back, each token: 252 MB counted a token for bench/llm_runners.py's model, against 25 MB now and 45 MB on one device.)"""
   import numpy as np
   from tinygrad.llm.gguf import ggml_data_to_tensor
   disk, n, sd = Tensor(pathlib.Path(path)), len(devices), {}
   file = np.memmap(path, dtype=np.uint8, mode="r")
   for t in infos:
     shape, axis = tuple(reversed(t.dims)), shard_axis(t)
-    if axis is None: raws, shapes = [disk[t.offset:t.offset + t.nbytes].to(d).realize() for d in devices], [shape] * n
+    if axis is None: raws = [disk[t.offset:t.offset + t.nbytes].to(d).realize() for d in devices]
     elif axis == 0:
       part = t.nbytes // n   # whole rows: the rows divide by n (plan_tp)
       raws = [disk[t.offset + i * part:t.offset + (i + 1) * part].to(d).realize() for i, d in enumerate(devices)]
-      shapes = [(shape[0] // n, *shape[1:])] * n
     else:
       rows = file[t.offset:t.offset + t.nbytes].reshape(shape[0], -1)
       w = rows.shape[1] // n   # whole quantized blocks (plan_tp)
       raws = [Tensor(np.ascontiguousarray(rows[:, i * w:(i + 1) * w]).reshape(-1), device=d).realize() for i, d in enumerate(devices)]
-      shapes = [(shape[0], shape[1] // n)] * n
-    sd[t.name] = multi([ggml_data_to_tensor(r, prod(s), t.typ).reshape(*s) for r, s in zip(raws, shapes)], axis)
+    # the bytes side by side (split) or the same on each (replicated); split on the input features, device i's values are its
+    # (rows, columns / n) in a row of n such, put side by side on the columns
+    x = ggml_data_to_tensor(multi(raws, None if axis is None else 0), prod(shape), t.typ)
+    sd[t.name] = x.reshape(n, shape[0], shape[1] // n).permute(1, 0, 2).reshape(*shape) if axis == 1 else x.reshape(*shape)
   return sd
 
 def keep_multi(load):

@@ -106,6 +106,30 @@ def test_benchmark_tensor_parallel_over_two_runners_that_each_hold_half(models, 
     assert all(abs(g / (1 << 20) - share) <= 0.1 * share for g in got), (got, share)
     assert "placement over" not in p.stderr and "max context 64 on ('REMOTE', 'REMOTE:1')" in p.stdout
 
+@pytest.mark.slow
+def test_a_step_reads_the_weights_as_one_device_does(models):
+  """On tinygrad's CPU devices, a tensor parallel decode step reads about the bytes one device's step reads: each device its part of the
+  weights as stored (quantized ones quantized) and the replicated ones, dequantized inside the kernels that use them. Parts dequantized
+  each on its own device and then joined were computed into buffers of their own every step: 7.5 times one device's bytes here."""
+  from client.llm_kernels import install
+  install()   # tinygrad 0.14.0's wheel lacks tinygrad/llm/kernels/
+  from tinygrad.helpers import Context, GlobalCounters
+  from client.placement import tinygrads_from_gguf
+  from client.placement_tp import from_gguf_tp
+  def step(model) -> tuple[int, list[int]]:   # the bytes of the fourth token's step (a decode step, after the JIT's capture), the tokens
+    g = model.generate([1, 2, 3], temperature=0.0)
+    toks = [next(g) for _ in range(3)]
+    GlobalCounters.reset()
+    toks.append(next(g))
+    return GlobalCounters.global_mem, toks
+  tp, _, _ = from_gguf_tp(models["half"], ("CPU", "CPU:1"), int(CTX), say=None)
+  tp_bytes, tp_toks = step(tp)
+  with Context(DEV="CPU"):
+    one, _ = tinygrads_from_gguf()(models["half"], int(CTX))
+    one_bytes, one_toks = step(one)
+  assert tp_toks == one_toks
+  assert tp_bytes < 1.5 * one_bytes, (tp_bytes, one_bytes)
+
 def texts_of(stdout:str) -> list[str]: return re.findall(r"tok/s.*--  (.*)", stdout)
 
 @pytest.mark.slow
