@@ -249,18 +249,25 @@ def from_gguf(path:str|pathlib.Path, devices:tuple[str, ...], max_context:int|No
   say(line) gets the placement line (None: not said); DEBUG=1 also says why."""
   from tinygrad.llm import model as llm
   kv, infos = read_gguf(path)
-  arch = kv["general.architecture"]
-  ctx = min(max_context, kv[f"{arch}.context_length"]) if max_context is not None else kv[f"{arch}.context_length"]
-  p = plan_gguf(kv, infos, tuple(Device.canonicalize(d) for d in devices), ctx, speed)
-  if say is not None:
-    say(str(p))
-    if DEBUG >= 1:
-      for w in p.why: say(f"  {w}")
+  p = plan_gguf(kv, infos, tuple(Device.canonicalize(d) for d in devices), context(kv, max_context), speed)
+  announce(p, say)
   sd = load_state(path, infos, p)
   with patched(llm, "gguf_load", lambda fn: (kv, sd)), patched(nn.state, "load_state_dict", keep_devices(nn.state.load_state_dict)):
     model, kv = tinygrads_from_gguf()(path, max_context, **({} if realize is None else {"realize": realize}))
   place(model, p)
   return model, kv, p
+
+def context(kv:dict, max_context:int|None) -> int:
+  """The context the KV cache is made for: max_context, at most the model's own."""
+  own = kv[f"{kv['general.architecture']}.context_length"]
+  return own if max_context is None else min(max_context, own)
+
+def announce(p, say):
+  """The placement line to say (None: not said), and with DEBUG=1 why."""
+  if say is None: return
+  say(str(p))
+  if DEBUG >= 1:
+    for w in p.why: say(f"  {w}")
 
 def keep_devices(load):
   """tinygrad's load_state_dict copies each tensor to the model's tensor's device (the default one): first move the model's tensor

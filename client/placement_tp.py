@@ -20,10 +20,9 @@ prompt token (no read between them), where tinygrad runs up to 32 tokens a step.
 from __future__ import annotations
 import dataclasses, pathlib, sys
 from tinygrad import Device, Tensor, TinyJit, UOp, dtypes, nn
-from tinygrad.helpers import DEBUG
 from client.discovery import RunnerUnavailable
-from client.placement import (HEADROOM, DoesNotFit, TensorInfo, block_of, kv_cache_bytes, mb, patched, prod, read_gguf, runner_of,
-                              tinygrads_from_gguf)
+from client.placement import (HEADROOM, DoesNotFit, TensorInfo, announce, block_of, context, kv_cache_bytes, mb, patched, prod, read_gguf,
+                              runner_of, tinygrads_from_gguf)
 
 class DoesNotDivide(RunnerUnavailable): pass   # one line and exit code 1 when uncaught, as DoesNotFit
 
@@ -151,13 +150,9 @@ def from_gguf_tp(path:str|pathlib.Path, devices:tuple[str, ...], max_context:int
   then place_tp(). say(line) gets the placement line (None: not said); DEBUG=1 also says why."""
   from tinygrad.llm import model as llm
   kv, infos = read_gguf(path)
-  arch, devices = kv["general.architecture"], tuple(Device.canonicalize(d) for d in devices)
-  ctx = min(max_context, kv[f"{arch}.context_length"]) if max_context is not None else kv[f"{arch}.context_length"]
-  p = plan_tp(kv, infos, devices, ctx)
-  if say is not None:
-    say(str(p))
-    if DEBUG >= 1:
-      for w in p.why: say(f"  {w}")
+  devices = tuple(Device.canonicalize(d) for d in devices)
+  p = plan_tp(kv, infos, devices, context(kv, max_context))
+  announce(p, say)
   sd = load_state_tp(path, infos, devices)
   with patched(llm, "gguf_load", lambda fn: (kv, sd)), patched(nn.state, "load_state_dict", keep_multi(nn.state.load_state_dict)):
     model, kv = tinygrads_from_gguf()(path, max_context, **({} if realize is None else {"realize": realize}))
