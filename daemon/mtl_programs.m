@@ -10,7 +10,8 @@
 #include "mtl.h"
 
 /* Compiled pipelines no program uses any more that the cache keeps, so a
- * client that reconnects does not compile everything again. */
+ * new session compiles nothing again with thread isolation (a spawned
+ * session's process starts with an empty cache: mtl.h). */
 #define MTL_CACHE_IDLE 256
 
 static struct mtl_pipe *mtl_cache;	/* under mtl_lock */
