@@ -4,7 +4,7 @@ run, alternating, as ratios; what each runner received against its share of the 
 with a busy loop), the speed-aware placement against the memory-only one (METAL_RUNNER_PLACEMENT=memory); and the upload with
 --cache-dir on the runners (upload_bench()). Also a section of bench/run.py (--only llmrunners).
 
-  python3 bench/llm_runners.py [--reps 2] [--tokens 25] [--pin] [--upload-only [--upload-reps 5]]
+  python3 bench/llm_runners.py [--reps 2] [--tokens 25] [--pin] [--upload-only [--upload-reps 5]] [--unequal-only]
 
 The model is a GGUF from tests/ggufgen.py (8 blocks, dim 512, FFN 2048, 8 heads, vocabulary 4096: 47.7 MB, Q8_0 feed-forward, random
 weights). A figure is the median of the decode steps after the first ten of one run (tokens/s), then the median over the reps; a ratio is
@@ -63,36 +63,42 @@ def run(model:str, runners:list[Runner], tokens:int, env:dict|None=None, client_
   return {"tok_s": statistics.median(rates), "text": re.findall(r"--  (.*)", p.stdout)[-1], "placement": line, "bytes_in": got,
           "share_mib": [float(x) for x in re.findall(r", ([\d.]+) MiB(?:;|$)", line)]}
 
-def bench(reps:int=2, tokens:int=25, pin:bool=False, upload_reps:int|None=None) -> dict:
+def bench(reps:int=2, tokens:int=25, pin:bool=False, upload_reps:int|None=None, unequal_only:bool=False) -> dict:
   sys.path.insert(0, str(ROOT / "tests"))
   from ggufgen import write
   ncpu = os.cpu_count() or 1
   with tempfile.TemporaryDirectory(prefix="llm-runners-") as d:
     dd = pathlib.Path(d)
     model = write(str(dd / "model.gguf"), **MODEL)
-    rs = [Runner(dd, f"r{i}", i % ncpu if pin else None) for i in range(4)]
     out: dict = {"model": {**MODEL, "bytes": os.path.getsize(model)}, "pin": pin, "runs": []}
+    rs = [] if unequal_only else [Runner(dd, f"r{i}", i % ncpu if pin else None) for i in range(4)]
     try:
-      for rep in range(reps):
+      for rep in range(0 if unequal_only else reps):
         modes = [("one", rs[:1], None), ("two", rs[1:3], None), ("three", rs[1:4], None), ("tp", rs[1:3], {"METAL_RUNNER_PLACEMENT": "tp"})]
         for name, group, env in (modes if rep % 2 == 0 else modes[::-1]):
           log(f"rep {rep + 1}: {name} ...")
           out["runs"].append({"rep": rep, "mode": name, **run(model, group, tokens, env, client_cpu=ncpu - 1 if pin else None)})
-      # unequal speeds: the second runner shares its CPU with a busy loop; speed-aware against memory-only placement
-      hog = subprocess.Popen(["taskset", "-c", str(1 % ncpu), sys.executable, "-c", "while True: pass"])
-      slow = [Runner(dd, "fast", 0 % ncpu), Runner(dd, "slow", 1 % ncpu)]
-      try:
-        for rep in range(reps):
-          for name, env in (("speed", {}), ("memory", {"METAL_RUNNER_PLACEMENT": "memory"}))[::1 if rep % 2 == 0 else -1]:
-            log(f"rep {rep + 1}: unequal runners, {name} placement ...")
-            out["runs"].append({"rep": rep, "mode": f"unequal_{name}", **run(model, slow, tokens, env)})
-      finally:
-        hog.kill()
-        for r in slow: r.stop()
     finally:
       for r in rs: r.stop()
-  out["upload"] = upload_bench(upload_reps or (3 if reps == 1 else 5))
+    out["runs"] += unequal(dd, model, reps, tokens)
+  if not unequal_only: out["upload"] = upload_bench(upload_reps or (3 if reps == 1 else 5))
   return out
+
+def unequal(dd:pathlib.Path, model:str, reps:int, tokens:int) -> list[dict]:
+  """Runners of unequal speed: the second shares its CPU with a busy loop (about half a CPU); the speed-aware placement against the
+  memory-only one, alternating."""
+  ncpu, runs = os.cpu_count() or 1, []
+  hog = subprocess.Popen(["taskset", "-c", str(1 % ncpu), sys.executable, "-c", "while True: pass"])
+  slow = [Runner(dd, "fast", 0 % ncpu), Runner(dd, "slow", 1 % ncpu)]
+  try:
+    for rep in range(reps):
+      for name, env in (("speed", {}), ("memory", {"METAL_RUNNER_PLACEMENT": "memory"}))[::1 if rep % 2 == 0 else -1]:
+        log(f"rep {rep + 1}: unequal runners, {name} placement ...")
+        runs.append({"rep": rep, "mode": f"unequal_{name}", **run(model, slow, tokens, env)})
+  finally:
+    hog.kill()
+    for r in slow: r.stop()
+  return runs
 
 def upload(model:str, runners:list[Runner], records:pathlib.Path, env:dict|None=None) -> dict:
   """One start: upload_worker.py under `python -m client run` over runners, the host's records in the folder records."""
@@ -150,8 +156,8 @@ def summary(out:dict) -> list[str]:
     if not any(r["mode"] == mode for r in runs): continue
     pl = next(r["placement"] for r in runs if r["mode"] == mode)
     lines.append(f"{mode:<16} {med(mode):7.1f} tok/s" + (f"  {ratio(mode, base):.2f}x {base}" if base else "") + (f"  [{pl}]" if pl else ""))
-  same = len({r["text"] for r in runs if not r["mode"].startswith("unequal")}) == 1
-  lines.append("the same text in every mode" if same else "TEXTS DIFFER between modes")
+  if texts:={r["text"] for r in runs if not r["mode"].startswith("unequal")}:
+    lines.append("the same text in every mode" if len(texts) == 1 else "TEXTS DIFFER between modes")
   for r in runs:
     if r["share_mib"]:
       lines.append(f"{r['mode']} rep {r['rep'] + 1}: bytes received / share: " +
@@ -164,10 +170,11 @@ if __name__ == "__main__":
   ap.add_argument("--tokens", type=int, default=25)
   ap.add_argument("--pin", action="store_true")
   ap.add_argument("--upload-only", action="store_true", help="only the upload with --cache-dir on the runners")
+  ap.add_argument("--unequal-only", action="store_true", help="only the runners of unequal speed (speed-aware against memory-only)")
   ap.add_argument("--upload-reps", type=int, default=None, help="reps of the upload (default 5; 3 with --reps 1)")
   a = ap.parse_args()
   os.environ["METAL_RUNNER_TOKEN_FILE"] = ""
-  res = {"upload": upload_bench(a.upload_reps or 5)} if a.upload_only else bench(a.reps, a.tokens, a.pin, a.upload_reps)
+  res = {"upload": upload_bench(a.upload_reps or 5)} if a.upload_only else bench(a.reps, a.tokens, a.pin, a.upload_reps, a.unequal_only)
   RESULTS.mkdir(exist_ok=True)
   (RESULTS / "llm_runners.json").write_text(json.dumps(res, indent=1))
   print("\n".join(summary(res)))

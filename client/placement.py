@@ -124,14 +124,16 @@ def speeds(devices:tuple[str, ...], nbytes:int=8 << 20, reps:int=5) -> tuple[lis
   rel = [1.0 if fastest / t >= SAME_SPEED else fastest / t for t in times]
   return rel, [f"{d}: {t * 1e3:.2f} ms for a {mb(nbytes)} matrix-vector product" for d, t in zip(devices, times)]
 
-# *** the split: contiguous ranges, within memory, balancing the time of each device
+# *** the split: contiguous ranges, within memory, the least time a token
 
 def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], first_bytes:int, last_bytes:int, memory:list[int|None],
          speed:list[float], addrs:list[str]|None=None, headroom:int=HEADROOM, why:tuple[str, ...]=()) -> Placement:
   """Contiguous ranges of blocks, one per device in order, that fit in memory (weights + KV cache + headroom; the first device also holds
-  first_bytes, the embedding, and the last last_bytes, the output norm and head) and make the slowest device's share of the work
-  (bytes read per token / speed) as small as it can be. Every device gets at least one block where there are enough. DoesNotFit if no
-  split fits, naming what each runner offers and what is needed."""
+  first_bytes, the embedding, and the last last_bytes, the output norm and head) and make a token's time least: a decode step runs the
+  ranges one after another, so that time is the sum of each device's work (bytes read per token / speed), and a faster device takes all
+  it can hold (a split in proportion to speed, each device as busy as the others, would only pay where the devices worked at once).
+  Among splits of equal time (equal speeds) the one whose busiest device has least work: an even split. Every device gets at least one
+  block where there are enough. DoesNotFit if no split fits, naming what each runner offers and what is needed."""
   n, nb = len(devices), len(block_bytes)
   addrs = addrs or [""] * n
   pre = [0]
@@ -143,16 +145,18 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
   def cost(i:int, a:int, b:int) -> float:
     return (pre[b] - pre[a] + (first_bytes if i == 0 else 0) + (last_bytes if i == n - 1 else 0)) / speed[i]
   least = 1 if nb >= n else 0
-  INF = float("inf")
-  # best[i][j]: the least max cost of blocks [0, j) on devices [0, i]; cut[i][j]: where device i's range starts
+  INF = (float("inf"), float("inf"))
+  def better(x:tuple[float, float], y:tuple[float, float]) -> bool:   # (the sum, the largest) of the costs: the sum first, within rounding
+    return x[0] < y[0] * (1 - 1e-9) or (x[0] <= y[0] * (1 + 1e-9) and x[1] < y[1])
+  # best[i][j]: the least (sum, max) of the costs of blocks [0, j) on devices [0, i]; cut[i][j]: where device i's range starts
   best = [[INF] * (nb + 1) for _ in range(n)]
   cut = [[0] * (nb + 1) for _ in range(n)]
   for i in range(n):
     for j in range(nb + 1):
       for a in range(j + 1) if i else (0,):
         if j - a < least or (memory[i] is not None and need(i, a, j) > memory[i]): continue
-        c = max(best[i - 1][a] if i else 0.0, cost(i, a, j))
-        if c < best[i][j]: best[i][j], cut[i][j] = c, a
+        s, m = best[i - 1][a] if i else (0.0, 0.0)
+        if (c:=(s + cost(i, a, j), max(m, cost(i, a, j)))) < INF and better(c, best[i][j]): best[i][j], cut[i][j] = c, a
   if best[n - 1][nb] == INF:
     offers = ", ".join(f"{addrs[i] or devices[i]} offers {mb(m) if m is not None else 'no limit'}" for i, m in enumerate(memory))
     raise DoesNotFit(f"metal_runner: the model does not fit on these runners ({offers}, per session: the runner's --session-mem): it "
@@ -170,7 +174,7 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
   parts.reverse()
   rows = [f"{p.device}: {p.what()}, KV cache {mb(p.kv)}, offers {mb(p.memory) if p.memory is not None else 'no limit'}, speed {p.speed:.2f}, "
           f"work {cost(i, p.blocks.start, p.blocks.stop) / 1e6:.1f} MB/speed" for i, p in enumerate(parts)]
-  return Placement(tuple(parts), (*why, f"headroom {mb(headroom)} per runner; ranges that fit and make the slowest runner's work least:", *rows))
+  return Placement(tuple(parts), (*why, f"headroom {mb(headroom)} per runner; ranges that fit and make a token's time (the sum of the runners' work) least:", *rows))
 
 def plan_gguf(kv:dict, infos:list[TensorInfo], devices:tuple[str, ...], max_context:int, speed:bool=True) -> Placement:
   """plan() for a GGUF file over devices (runners): their memory from Rhello, their speed from speeds() (speed=False: all 1.0, so the

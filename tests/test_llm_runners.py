@@ -43,7 +43,11 @@ def test_equal_runners_get_equal_contiguous_ranges_embedding_first_head_last():
   assert ranges(p) == [(0, 3), (3, 6), (6, 9)]
 
 def test_a_faster_runner_gets_more_blocks_within_its_memory():
-  assert ranges(plan(DEVS[:2], [10] * 9, [0] * 9, 0, 0, [None, None], [1.0, 0.5], headroom=0)) == [(0, 6), (6, 9)]
+  # a step runs the ranges one after another: the fast one takes all it can, the slow one the one block every runner gets
+  # (8 + 1/0.5 = 10 units a token, where the split in proportion to speed, 6 and 3, costs 6 + 3/0.5 = 12)
+  assert ranges(plan(DEVS[:2], [10] * 9, [0] * 9, 0, 0, [None, None], [1.0, 0.5], headroom=0)) == [(0, 8), (8, 9)]
+  # a slow one in the middle: one block; the fast ones share the rest evenly (equal time either way: the busiest runner's work least)
+  assert ranges(plan(DEVS, [10] * 9, [0] * 9, 0, 0, [None] * 3, [1.0, 0.5, 1.0], headroom=0)) == [(0, 4), (4, 5), (5, 9)]
   # the fast one holds 4 blocks at most: the rest go to the slow one
   assert ranges(plan(DEVS[:2], [10] * 9, [0] * 9, 0, 0, [40, None], [1.0, 0.5], headroom=0)) == [(0, 4), (4, 9)]
   # memory counts the KV cache and the headroom too
