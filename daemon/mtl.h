@@ -165,6 +165,7 @@ void mtl_reap(struct be_session *s, int waitall);
 void mtl_commit(struct be_session *s);
 void mtl_drain(struct be_session *s);
 id <MTLCommandBuffer> mtl_cmdbuf(struct be_session *s, char *err);
+id <MTLBlitCommandEncoder> mtl_blit(struct be_session *s, char *err);
 struct be_session *mtl_session_open(char *err);
 void mtl_session_close(struct be_session *s);
 void mtl_idle(struct be_session *s);

@@ -97,21 +97,13 @@ mtl_contents(struct be_buffer *b)
 int
 mtl_host_read_body(struct be_session *s, struct be_buffer *b, char *err)
 {
-	id <MTLCommandBuffer> cb;
 	id <MTLBlitCommandEncoder> blit;
 
 	if (!mtl_managed || !b->gpuw)
 		return 0;
-	if ((cb = mtl_cmdbuf(s, err)) == nil)
-		return -1;
 	/* Start a blit pass, after the session's earlier work. */
-	blit = [cb blitCommandEncoder];
-	if (blit == nil) {
-		fprintf(stderr, "%s: blitCommandEncoder returned nil\n",
-		    __func__);
-		mtl_seterr(err, "Metal could not create a blit encoder");
+	if ((blit = mtl_blit(s, err)) == nil)
 		return -1;
-	}
 	/* Copy the GPU's version of the buffer into the CPU's. */
 	[blit synchronizeResource:b->buf];
 	b->useq = s->seq;

@@ -218,6 +218,26 @@ mtl_cmdbuf(struct be_session *s, char *err)
 	return cb;
 }
 
+/* A blit pass in the session's open command buffer: it runs after the
+ * passes encoded before it. The caller ends it (endEncoding). */
+id <MTLBlitCommandEncoder>
+mtl_blit(struct be_session *s, char *err)
+{
+	id <MTLCommandBuffer> cb;
+	id <MTLBlitCommandEncoder> blit;
+
+	if ((cb = mtl_cmdbuf(s, err)) == nil)
+		return nil;
+	/* Start a blit pass. */
+	blit = [cb blitCommandEncoder];
+	if (blit == nil) {
+		fprintf(stderr, "%s: blitCommandEncoder returned nil\n",
+		    __func__);
+		mtl_seterr(err, "Metal could not create a blit encoder");
+	}
+	return blit;
+}
+
 /* ---- sessions ---- */
 
 static struct be_session *

@@ -140,7 +140,6 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
     struct be_buffer *src, uint64_t srcoff, uint64_t count,
     struct be_span *span, char *err)
 {
-	id <MTLCommandBuffer> cb;
 	id <MTLBlitCommandEncoder> blit;
 	int overlap;
 
@@ -173,16 +172,9 @@ mtl_copy_body(struct be_session *s, struct be_buffer *dst, uint64_t dstoff,
 	/* Profiling: the copy gets a command buffer of its own. */
 	if (span != NULL)
 		mtl_commit(s);
-	if ((cb = mtl_cmdbuf(s, err)) == nil)
-		return -1;
 	/* Start a blit pass; it runs after the passes encoded before it. */
-	blit = [cb blitCommandEncoder];
-	if (blit == nil) {
-		fprintf(stderr, "%s: blitCommandEncoder returned nil\n",
-		    __func__);
-		mtl_seterr(err, "Metal could not create a blit encoder");
+	if ((blit = mtl_blit(s, err)) == nil)
 		return -1;
-	}
 	/* Copy on the GPU. */
 	[blit copyFromBuffer:src->buf sourceOffset:(NSUInteger)srcoff
 	    toBuffer:dst->buf destinationOffset:(NSUInteger)dstoff
