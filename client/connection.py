@@ -13,18 +13,19 @@ period is over. close() tells the runner the session ends now.
 
 Environment:
   METAL_RUNNER_TIMEOUT     seconds to wait for one reply, and for one send to make progress (default 300)
-  METAL_RUNNER_TOKEN_FILE  file holding the shared token (arbitrary bytes, trailing \r and \n stripped), when no token= is given:
-                           one for every runner, or one per address of METAL_RUNNER, comma-separated in the same order. Unset,
-                           ~/.metal_runner_token if it exists (as ssh takes ~/.ssh/id_*); set and empty, no token at all. A file
-                           that group or others can read is refused. A client that holds a token refuses a runner that does not
+  METAL_RUNNER_TOKEN_FILE  the token file(s), when no token= is given; unset, ~/.metal_runner_token if it exists: client/settings.py
+                           reads it, and the Runner asks it (held_token). A client that holds a token refuses a runner that does not
                            prove it holds the same (protocol.md, Authentication): one that asks for no token may be anyone
 """
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, hmac, os, re, select, shlex, socket, struct, time, weakref
+import contextlib, dataclasses, hashlib, hmac, os, re, select, socket, struct, time, weakref
 from . import protocol as P
 from .protocol import AUTH_CLIENT, AUTH_SERVER
 from .address import DEFAULT_PORT, parse_addr, full_addr   # importable from here too
 from .errors import RunnerError, RunnerConnectionError, PeerLostError, NotARunnerError, TokenFileError   # importable from here too
+from .settings import held_token
+# importable from here too: the token files and the user's names for settings were read here before client/settings.py held them
+from .settings import DEFAULT_TOKEN_FILE, DEFAULT_SETTING, RUN_OPTIONS, setting, named, token_file, read_token
 from .resume import Replay, resume, WINDOW, copy_max
 from .progress import uploads
 
@@ -63,69 +64,6 @@ def _connect_error(e:OSError, host:str) -> str:
   if isinstance(e, ConnectionRefusedError): return "nothing listens on that port"
   if isinstance(e, TimeoutError): return "no answer (timed out): the host is down, or a firewall drops the port"
   return str(e)
-
-DEFAULT_TOKEN_FILE, DEFAULT_SETTING = "~/.metal_runner_token", "used when no token file is named"
-# python -m client run sets METAL_RUNNER and METAL_RUNNER_TOKEN_FILE from its options and lists here those it was given: a message then
-# names the option its user typed, not the variable
-RUN_OPTIONS = "METAL_RUNNER_CLIENT_RUN_OPTIONS"
-
-def setting(var:str) -> str:
-  """The name of var as the user gave it: python -m client run's option that set it (--runner, --token-file), else var itself."""
-  opt = {"METAL_RUNNER": "--runner", "METAL_RUNNER_TOKEN_FILE": "--token-file"}.get(var)
-  return opt if opt is not None and opt in os.environ.get(RUN_OPTIONS, "").split() else var
-
-def named(var:str, value:str) -> str:
-  """var and its value as the user gave them, for a message: "--runner a:6667" or "METAL_RUNNER=a:6667"."""
-  return f"{name} {value}" if (name := setting(var)) != var else f"{var}={value}"
-
-def token_file(addr:str|None=None) -> tuple[str, str]|None:
-  """The token file for the runner at addr, and the setting that named it (for messages), or None: METAL_RUNNER_TOKEN_FILE (one file
-  for every runner, or one per address of METAL_RUNNER, comma-separated in the same order); unset, ~/.metal_runner_token if it exists;
-  set and empty, none. TokenFileError when the files do not match the runners."""
-  if (v := os.environ.get("METAL_RUNNER_TOKEN_FILE")) is None:
-    return (path, DEFAULT_SETTING) if os.path.lexists(path := os.path.expanduser(DEFAULT_TOKEN_FILE)) else None
-  if not v.strip(): return None
-  name, files = setting("METAL_RUNNER_TOKEN_FILE"), [f.strip() for f in v.split(",")]
-  if len(files) == 1: return files[0], name
-  runners = os.environ.get("METAL_RUNNER", "").strip()
-  addrs = [] if runners.lower() == "auto" else [full_addr(a.strip()) for a in runners.split(",") if a.strip()]
-  if len(addrs) != len(files):
-    raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names {len(files)} token files, one per runner, but "
-                         f"{named('METAL_RUNNER', runners) if runners else setting('METAL_RUNNER') + ' is not set and'} names "
-                         f"{len(addrs) or 'no'} runner address{'es' if len(addrs) != 1 else ''}: give one file per address, in the same order, "
-                         "or one file for all")
-  if addr is None or (a := full_addr(addr)) not in addrs:
-    raise TokenFileError(v, name, "", f"{named('METAL_RUNNER_TOKEN_FILE', v)} names one token file per runner of "
-                         f"{named('METAL_RUNNER', runners)}, which does not list {addr}")
-  return (f, name) if (f:=files[addrs.index(a)]) else None   # "" in the list: none for that runner (client/settings.py writes it)
-
-def _private(st:os.stat_result, path:str, setting:str):
-  """A token file others may read is refused, as ssh refuses such a key, and as the runner does (daemon/main.c): one of ours must be
-  closed to group and others, another owner's (a service's, root's and readable by its group) to others."""
-  mode = st.st_mode & 0o7777
-  if st.st_uid == os.getuid() and mode & 0o077:
-    raise TokenFileError(path, setting, f"is open to group or others (mode {mode:04o}), as a secret must not be: chmod 600 {shlex.quote(path)}")
-  if mode & 0o007:
-    raise TokenFileError(path, setting, f"is open to others (mode {mode:04o}), as a secret must not be: chmod o-rwx {shlex.quote(path)}")
-
-def read_token(path:str, setting:str="METAL_RUNNER_TOKEN_FILE") -> bytes:
-  """The token in the file at path, which setting named (for the message of a TokenFileError)."""
-  try:
-    with open(path, "rb") as f:
-      _private(os.fstat(f.fileno()), path, setting)
-      tok = f.read()
-  except OSError as e: raise TokenFileError(path, setting, f"cannot be read: {e.strerror}") from None
-  tok = tok.rstrip(b"\r\n")  # as the runner reads it
-  if not tok: raise TokenFileError(path, setting, "is empty: it must hold the runner's token (the file its --token-file names)")
-  return tok
-
-def held_token(token:bytes|str|None, source:str|None=None, addr:str|None=None) -> tuple[bytes|None, str|None]:
-  """The token a client holds for the runner at addr and where it came from, for messages: token= as given (source: how its user gave
-  it, e.g. "--token-file F"), else the file token_file() names, else none."""
-  if token is not None: return (token.encode() if isinstance(token, str) else bytes(token)), source or "token="
-  if (tf := token_file(addr)) is None: return None, None
-  path, name = tf
-  return read_token(path, name), (f"{path} ({name})" if name == DEFAULT_SETTING else named("METAL_RUNNER_TOKEN_FILE", path))
 
 def _printable(b:bytes) -> str:
   """The first line of what a peer sent, short and printable, for a message."""

@@ -12,6 +12,7 @@ Environment:
 from __future__ import annotations
 import dataclasses, ipaddress, os, socket, threading, time
 from .errors import RunnerUnavailable   # importable from here too
+from .settings import Settings, from_env
 
 SERVICE = "_metal-runner._tcp.local."
 PROTO = 1  # client/protocol.py VERSION; a runner advertising another version is left out
@@ -87,15 +88,13 @@ def discover(timeout:float|None=None, backend:str|None=None, interfaces:list[str
 
 _auto: dict[str|None, list[str]] = {}   # backend -> addresses discovered for METAL_RUNNER=auto, once per process
 
-def runner_addrs(backend:str|None=None) -> list[str]:
-  """The runner addresses METAL_RUNNER names: host[:port][,host[:port]...] (port 6667 by default), "auto" (discovered on first use, for
-  backend), or none (unset)."""
-  from .connection import full_addr, named
-  v = os.environ.get("METAL_RUNNER", "").strip()
-  if v.lower() != "auto": return [full_addr(a.strip()) for a in v.split(",") if a.strip()]
+def runner_addrs(backend:str|None=None, s:Settings|None=None) -> list[str]:
+  """The runner addresses METAL_RUNNER names (in the settings s, default from_env()): host[:port][,host[:port]...] (port 6667 by
+  default), "auto" (discovered on first use, for backend), or none (unset)."""
+  if not (s := s or from_env()).auto: return list(s.runners)
   if backend in _auto: return _auto[backend]
   if not (found := discover(backend=backend)):
-    raise RunnerUnavailable(f"metal_runner: {named('METAL_RUNNER', 'auto')}: no {backend + ' ' if backend else ''}runner advertised "
+    raise RunnerUnavailable(f"metal_runner: {s.named('METAL_RUNNER', 'auto')}: no {backend + ' ' if backend else ''}runner advertised "
                             f"itself with DNS-SD (_metal-runner._tcp) within {os.environ.get('METAL_RUNNER_DISCOVER_TIMEOUT', 2)} s; start one "
                             "with --advertise")
   _auto[backend] = [a.addr for a in found]   # every device index sees the same list, without listening again

@@ -2,8 +2,9 @@
 
 RunnerError and its kinds are what a Runner raises (client/connection.py) about one runner: a request it rejected, a connection
 that failed, what answered not being a runner, a token file that cannot be used, a linked runner lost. RunnerUnavailable is what a
-tinygrad device or `python -m client run` raises when a runner it is told to use cannot be used. connection.py and discovery.py,
-where they were defined before, still offer them under the same names.
+tinygrad device or `python -m client run` raises when a runner it is told to use cannot be used; SettingsError, what a runners-by-name
+file that cannot be used raises. connection.py, discovery.py and settings.py, where they were defined before, still offer them under
+the same names.
 """
 from __future__ import annotations
 from . import protocol as P
@@ -56,3 +57,7 @@ class RunnerUnavailable(RuntimeError):
   """A runner named by METAL_RUNNER (or `python -m client run --runner`) cannot be used: unreachable, refused the token, the wrong
   backend; or none was advertised for METAL_RUNNER=auto, or a local one could not be started. Its message is one line (but a local
   runner's build output) that names the runner, says why and what to check; client/remote_metal.py prints it alone when uncaught."""
+
+class SettingsError(ValueError):
+  """~/.metal_runner_config cannot be used (client/config_file.py): another user's, open to others' writes, or a line it cannot read.
+  client/remote_metal.py raises it as RunnerUnavailable, `client probe` prints it."""

@@ -5,7 +5,7 @@
 # Two runners that cannot reach each other copy through this host instead: the graphs are cut there, and the call sends the parts before
 # the copy, reads from the source, writes to the destination, then goes on.
 from __future__ import annotations
-import os, sys, time
+import sys, time
 from typing import cast
 from tinygrad.device import Buffer, Device, MultiBuffer
 from tinygrad.engine.jit import GraphRunner, MultiGraphRunner
@@ -13,6 +13,7 @@ from tinygrad.helpers import DEBUG, dedup, suppress_finalizing
 from tinygrad.uop.ops import Ops, UOp
 from client.errors import RunnerError
 from client.address import parse_addr
+from client.settings import from_env
 from client.protocol import CAP_LINK, EPEER, PATCH_BUF, PATCH_VAL, PATCH_GLOBAL, PATCH_LOCAL, PROG_LINK_SEND, PROG_LINK_RECV
 from client.protocol import launch_dims, patch as pack_patch
 
@@ -24,7 +25,7 @@ unreachable: set[tuple[str, str]] = set()
 def peer_via() -> dict[str, str]:
   """METAL_RUNNER_PEER_VIA=ADDR=VIA[,...]: the runner this host reaches at ADDR is reached by other runners at VIA (a tunnel, a relay, or
   another interface). Unset, runners reach each other where this host reaches them."""
-  return dict(p.split("=", 1) for p in os.environ.get("METAL_RUNNER_PEER_VIA", "").split(",") if "=" in p)
+  return dict(from_env().peer_via)
 
 def peer_addr(addr:str) -> tuple[str, int]: return parse_addr(peer_via().get(addr, addr))
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 import os, re, select, subprocess, sys, threading
 from tinygrad.helpers import DEBUG
-from client.connection import token_file
+from client.settings import token_file
 from client.errors import RunnerUnavailable, TokenFileError
 from client.local_build import runner_exe
 

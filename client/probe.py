@@ -12,9 +12,10 @@ from __future__ import annotations
 import argparse, json, statistics, sys, time
 from . import protocol as P
 from .address import full_addr
-from .connection import Runner, held_token, read_token
+from .config_file import load
+from .connection import Runner
 from .errors import RunnerError, RunnerConnectionError, NotARunnerError, TokenFileError
-from .settings import load
+from .settings import held_token, read_token
 
 CAP_BITS = {P.CAP_AUTH: "auth", P.CAP_UNIFIED: "unified", P.CAP_CPU_IMAGE: "cpu_image", P.CAP_METALLIB: "metallib",
             P.CAP_METAL_SOURCE: "metal_source"}
@@ -90,7 +91,7 @@ def fail(args, code:int, msg:str) -> int:
 def probe(args) -> int:
   token = source = None
   try:
-    if (named:=load().get(args.addr)) is not None:   # a runner by name (~/.metal_runner_config, client/settings.py)
+    if (named:=load().get(args.addr)) is not None:   # a runner by name (~/.metal_runner_config, client/config_file.py)
       args.addr = named.address
       if named.token_file and not args.token_file: args.token_file = named.token_file
     addr = full_addr(args.addr)   # as messages show it: with its port

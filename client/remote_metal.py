@@ -12,14 +12,14 @@ from typing import cast
 from tinygrad.device import BufferSpec, Compiled, Compiler, Device, LRUAllocator, Program, TinyELF, _Device
 from tinygrad.helpers import DEBUG, DEV, PROFILE, TracingKey, cpu_profile, getenv, suppress_finalizing
 from tinygrad.renderer import cstyle
-from client.connection import Runner, named, setting
+from client.connection import Runner
 from client.errors import NotARunnerError, RunnerConnectionError, RunnerError, RunnerUnavailable, TokenFileError
 from client.protocol import CAP_CPU_IMAGE, CAP_METALLIB, CAP_METAL_SOURCE, NO_CORE, PROG_CPU_IMAGE, PROG_METALLIB, PROG_METAL_SOURCE
 from client.protocol import CAP_PROFILE, CAP_PEER, EAUTH, EPEER, launch_dims
 from client.profile import RunnerProfiler
 from client.cpu_image import clang_arch, cpu_image
 from client.discovery import runner_addrs
-from client.settings import SettingsError, apply_names
+from client.settings import SettingsError, apply_names, from_env
 from client.graph import RemoteGraph, peer_addr, unreachable
 from client.local_runner import local_runners, start_local_runner, stop_runner
 
@@ -51,16 +51,16 @@ sys.unraisablehook = _interrupt_again(sys.unraisablehook)
 
 def unusable(addr:str, e:Exception) -> RunnerUnavailable:
   """The one line for a runner that cannot be used: its address, the reason and, where the reason does not say it, what to check."""
-  where = f"check the address ({setting('METAL_RUNNER')}) and that the runner is running there"
+  s = from_env()   # the names its user gave the settings: --runner or METAL_RUNNER, what to pass or set for a token
+  where = f"check the address ({s.setting('METAL_RUNNER')}) and that the runner is running there"
   if isinstance(e, NotARunnerError): return RunnerUnavailable(f"metal_runner: {e}; {where}")   # "HOST:PORT is not a metal_runner (...)"
   if isinstance(e, RunnerConnectionError):   # "cannot connect: " and the reason, in connection.py's words (probe says the same)
     return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.reason().removeprefix('cannot connect: ')}; {where}")
   if isinstance(e, RunnerError) and e.code == EAUTH:   # the token: the library's text names the file, its setting and what to do
     text = e.text
     if e.request == "Tauth" and text.startswith("the runner requires a token"):   # the library's text names token=, not for a program
-      give = "pass --token-file FILE" if os.environ.get("METAL_RUNNER_CLIENT_RUN") == "1" else "set METAL_RUNNER_TOKEN_FILE=FILE"
-      text = (f"the runner requires a token: {give}, the runner's token file (the file its --token-file names), or save that file as "
-              "~/.metal_runner_token")
+      text = (f"the runner requires a token: {s.give('METAL_RUNNER_TOKEN_FILE', 'FILE')}, the runner's token file (the file its "
+              "--token-file names), or save that file as ~/.metal_runner_token")
     return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {text}")
   if isinstance(e, RunnerError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e.reason()}")
   if isinstance(e, ValueError): return RunnerUnavailable(f"metal_runner: cannot use the runner at {addr}: {e}; {where}")   # not host:port
@@ -270,10 +270,10 @@ class RemoteDevice(Compiled):
   def __init__(self, device:str):
     self.is_metal, idx = device.split(":")[0] == "METAL", int(device.split(":")[1]) if ":" in device else 0
     want = "metal" if self.is_metal else "cpu"
-    addrs = runner_addrs(want)   # METAL_RUNNER: addresses, or "auto" (DNS-SD, client/discovery.py)
+    addrs = runner_addrs(want, s:=from_env())   # METAL_RUNNER: addresses, or "auto" (DNS-SD, client/discovery.py)
     if addrs and idx >= len(addrs) and device not in reopened:
-      raise RunnerUnavailable(f"{device}: {named('METAL_RUNNER', ','.join(addrs))} has no runner for index {idx}")
-    # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE, else ~/.metal_runner_token (client/connection.py)
+      raise RunnerUnavailable(f"{device}: {s.named('METAL_RUNNER', ','.join(addrs))} has no runner for index {idx}")
+    # a runner that demands a token gets it from METAL_RUNNER_TOKEN_FILE, else ~/.metal_runner_token (client/settings.py)
     addr = reopened.get(device) or (addrs[idx] if addrs else start_local_runner(want))
     self.runner, self.runner_closed = connect(addr), False
     self.profiler: RunnerProfiler|None = None

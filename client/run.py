@@ -14,12 +14,12 @@ every interface), and with --api-key-file F answers only requests with that key 
 """
 from __future__ import annotations
 import importlib.machinery, importlib.util, io, os, pathlib, runpy, sys, types, zipfile
-from .connection import RUN_OPTIONS
-from .errors import RunnerUnavailable
+from .errors import RunnerUnavailable, TokenFileError
+from .settings import CLIENT_RUN, apply_options, read_token
 
 USAGE = "usage: {prog} [--runner ADDR[,ADDR...]] [--token-file F] [--listen ADDR] [--api-key-file F] (SCRIPT | -m MODULE) [ARGS...]"
 SITE = pathlib.Path(__file__).resolve().parent / "run_site"   # holds the sitecustomize.py that child processes import
-MARKER = "METAL_RUNNER_CLIENT_RUN"                             # set for the program: that sitecustomize installs the devices only then
+MARKER = CLIENT_RUN                                           # set for the program: that sitecustomize installs the devices only then
 
 class Usage(Exception): pass   # a mistyped command line: the usage line and what is wrong, exit code 2
 
@@ -94,9 +94,7 @@ def main(argv:list[str], prog:str="python -m client run") -> int:
   if flag is None and not os.path.exists(target):   # python's own wording and exit code
     print(f"{prog}: can't open file {os.path.abspath(target)!r}: [Errno 2] No such file or directory", file=sys.stderr)
     return 2
-  if "--runner" in opts: os.environ["METAL_RUNNER"] = opts["--runner"]
-  if "--token-file" in opts: os.environ["METAL_RUNNER_TOKEN_FILE"] = ",".join(os.path.abspath(os.path.expanduser(f.strip())) for f in opts["--token-file"].split(","))
-  os.environ[RUN_OPTIONS] = " ".join(opts)   # messages name these options, not the variables they set (client/connection.py setting())
+  apply_options(opts)   # --runner and --token-file as METAL_RUNNER and METAL_RUNNER_TOKEN_FILE, which messages name as typed (client/settings.py)
   setup_children()
   try:
     import client.remote_metal as rm   # with METAL_RUNNER set and DEV unset, connects and makes the runner's device the default
@@ -108,7 +106,6 @@ def main(argv:list[str], prog:str="python -m client run") -> int:
     return 1
   stand_in_llm_kernels()
   if serves:
-    from .connection import TokenFileError, read_token
     from .llm_access import guard
     try: key = read_token(opts["--api-key-file"], "--api-key-file") if "--api-key-file" in opts else None
     except TokenFileError as e:

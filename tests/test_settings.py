@@ -61,3 +61,43 @@ def test_a_config_line_it_cannot_read_is_named(home, text, says):
   c = write_config(home, text)
   p = subprocess.run([METAL_CLIENT, "run", "--runner", "x", "-m", "json.tool"], env=env_for(home), capture_output=True, text=True, timeout=60)
   assert p.returncode == 1 and says in p.stderr and str(c) in p.stderr, p.stderr
+
+# ---- the settings as one value (client/settings.py), in this process: no runner, no subprocess
+
+def test_settings_are_parsed_once_per_environment_and_name_what_the_user_typed(monkeypatch):
+  from client import settings
+  monkeypatch.setenv("METAL_RUNNER", " a, [::1]:7000 ")
+  monkeypatch.setenv("METAL_RUNNER_TOKEN_FILE", "a.token,")   # "" for the second runner: none
+  for var in (settings.RUN_OPTIONS, settings.CLIENT_RUN, "METAL_RUNNER_PEER_VIA"): monkeypatch.delenv(var, raising=False)
+  s = settings.from_env()
+  assert s is settings.from_env(), "parsed again for the same environment"
+  assert s.runners == ("a:6667", "[::1]:7000") and not s.auto and s.token_files == ("a.token", "") and s.peer_via == ()
+  assert s.token_file("a") == ("a.token", "METAL_RUNNER_TOKEN_FILE") and s.token_file("[::1]:7000") is None
+  assert s.named("METAL_RUNNER", "a") == "METAL_RUNNER=a" and s.give("METAL_RUNNER_TOKEN_FILE", "FILE") == "set METAL_RUNNER_TOKEN_FILE=FILE"
+  monkeypatch.setenv(settings.RUN_OPTIONS, "--runner --token-file")   # as python -m client run sets them
+  monkeypatch.setenv(settings.CLIENT_RUN, "1")
+  t = settings.from_env()
+  assert t is not s and t.runners == s.runners and t.named("METAL_RUNNER", "a") == "--runner a"
+  assert t.setting("METAL_RUNNER_TOKEN_FILE") == "--token-file" and t.token_file("a") == ("a.token", "--token-file")
+  assert t.give("METAL_RUNNER_TOKEN_FILE", "FILE") == "pass --token-file FILE" and settings.named("METAL_RUNNER", "a") == "--runner a"
+  monkeypatch.setenv("METAL_RUNNER", "a")
+  with pytest.raises(settings.TokenFileError) as e: settings.token_file("a")
+  assert str(e.value) == ("--token-file a.token, names 2 token files, one per runner, but --runner a names 1 runner address: give one file "
+                          "per address, in the same order, or one file for all"), str(e.value)
+  monkeypatch.setenv("METAL_RUNNER", "AUTO")
+  monkeypatch.setenv("METAL_RUNNER_PEER_VIA", "a:1=b:2,junk,c:3=d:4")
+  assert (u:=settings.from_env()).auto and u.runners == () and dict(u.peer_via) == {"a:1": "b:2", "c:3": "d:4"}
+
+def test_client_run_options_go_into_the_environment_for_children():
+  from client import settings
+  env: dict[str, str] = {}
+  settings.apply_options({"--runner": "a,b", "--token-file": "x, ~/y", "--listen": "0.0.0.0"}, env)
+  assert env == {"METAL_RUNNER": "a,b", "METAL_RUNNER_TOKEN_FILE": f"{os.path.abspath('x')},{os.path.expanduser('~/y')}",
+                 settings.RUN_OPTIONS: "--runner --token-file --listen"}, env
+  assert settings.from_env(env).setting("METAL_RUNNER") == "--runner" and settings.from_env(env).runners == ("a:6667", "b:6667")
+
+def test_the_settings_names_keep_their_old_homes():
+  from client import config_file, connection, errors, settings
+  moved = ("token_file", "read_token", "held_token", "named", "setting", "RUN_OPTIONS", "DEFAULT_TOKEN_FILE", "DEFAULT_SETTING")
+  assert all(getattr(connection, n) is getattr(settings, n) for n in moved)
+  assert settings.load is config_file.load and settings.Named is config_file.Named and settings.SettingsError is errors.SettingsError
