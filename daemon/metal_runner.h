@@ -187,7 +187,6 @@ void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* sha256.c */
-extern const uint32_t sha256_K[64];
 struct sha256_ctx {
 	uint32_t h[8];
 	uint64_t len;
