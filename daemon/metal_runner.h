@@ -178,6 +178,9 @@ void *htab_del(struct htab *t, uint32_t key);
 /* Call fn on every value, then free the table. */
 void htab_clear(struct htab *t, void (*fn)(void *val, void *arg), void *arg);
 
+/* random.c: n random bytes from the system (it cannot fail: it aborts). */
+void random_bytes(uint8_t *p, size_t n);
+
 /* log.c */
 extern int log_verbose;
 void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -384,7 +384,7 @@ resume_key(struct session *s, const union proto_msg *m,
 		/* What is in the output buffer now (Rhello, Rauth) goes out
 		 * before the stream the counts are about. */
 		rs->skip = s->outlen;
-		sess_random(rs->secret, sizeof(rs->secret));
+		random_bytes(rs->secret, sizeof(rs->secret));
 		s->rs = rs;
 	}
 	r.rresumekey.grace = (uint32_t)cfg->resume_grace;

@@ -177,7 +177,6 @@ int sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
     const char *what);
 
 /* handshake.c */
-void sess_random(uint8_t *p, size_t n);
 int sess_hello(struct session *s, const union proto_msg *m);
 int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
 /* Say how the session ends, unless something already did. */
