@@ -31,6 +31,7 @@
 
 #include "monotime.h"
 #include "session.h"
+#include "slots.h"
 
 static int
 range_ok(uint64_t size, uint64_t offset, uint64_t count)
@@ -271,10 +272,10 @@ sess_peer_wait(struct session *s)
 			ms = (int)(left < INT32_MAX ? left : INT32_MAX);
 	}
 	/* The client, the inbox, and a resume of this session arriving
-	 * (resume_recv() takes that). */
+	 * (the session's input takes that). */
 	p[0].fd = s->fd;
 	p[1].fd = s->inbox;
-	p[2].fd = resume_pollfd(s);
+	p[2].fd = slot_ctl(s->slot);
 	p[0].events = p[1].events = p[2].events = POLLIN;
 	p[0].revents = p[1].revents = p[2].revents = 0;
 	if ((n = poll(p, p[2].fd != -1 ? 3 : 2, ms)) <= 0)

@@ -15,6 +15,7 @@
  * Requests without a reply that fail queue their Rerror; queued errors go
  * out ahead of the next reply, so none is lost and order is kept.
  */
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <errno.h>
@@ -29,6 +30,7 @@
 
 #include "monotime.h"
 #include "session.h"
+#include "slots.h"
 
 #define MAX_QUEUED_ERRORS 64
 
@@ -248,6 +250,49 @@ handshake_wait(struct session *s)
 	return -1;
 }
 
+/* recv() from the client that also notices a resume arriving while the
+ * link stands: in a session with a key, a recv that would block watches
+ * the control socket too. */
+static ssize_t
+sess_recv(struct session *s, void *buf, size_t len)
+{
+	int tmo = s->ctx->cfg->frame_timeout > 0 ?
+	    s->ctx->cfg->frame_timeout * 1000 : -1;
+	struct pollfd p[2];
+	ssize_t r;
+	int n;
+
+	if (s->linkdown) {
+		errno = ECONNRESET;
+		return -1;
+	}
+	if (s->rs == NULL || slot_ctl(s->slot) == -1)
+		return net_recv(s->fd, buf, len);
+	for (;;) {
+		/* What has arrived is taken without a poll: only a recv that
+		 * would block waits, watching the control socket too. */
+		if ((r = recv(s->fd, buf, len, MSG_DONTWAIT)) >= 0 ||
+		    (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			return r;
+		p[0].fd = s->fd;
+		p[1].fd = slot_ctl(s->slot);
+		p[0].events = p[1].events = POLLIN;
+		p[0].revents = p[1].revents = 0;
+		if ((n = poll(p, 2, tmo)) == -1 && errno == EINTR)
+			continue;
+		if (n == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		/* A resume while this link stands (resume_conn.c): refused,
+		 * or the link is gone. */
+		if (p[1].revents != 0 && resume_switch(s) == -1) {
+			errno = ECONNRESET;
+			return -1;
+		}
+	}
+}
+
 /*
  * Make n bytes of the current frame available at s->in + s->inoff.
  * Returns 1, 0 at a clean end of stream between frames, -1 on error.
@@ -315,7 +360,7 @@ sess_need(struct session *s, size_t n, int boundary)
 			    cfg->idle_timeout);
 			return -1;
 		}
-		r = resume_recv(s, s->in + s->inlen, s->incap - s->inlen);
+		r = sess_recv(s, s->in + s->inlen, s->incap - s->inlen);
 		/* A client's ordinary exit often resets the connection rather
 		 * than closing it: the library's close sends Tresumekey OFF and
 		 * closes at once, so its Rresumekey meets a closed socket (and
@@ -388,10 +433,10 @@ sess_take(struct session *s, uint8_t *dst, uint64_t count)
 		return -1;
 	while (count > 0) {
 		if (dst != NULL)
-			r = resume_recv(s, dst, (size_t)count);
+			r = sess_recv(s, dst, (size_t)count);
 		else {
 			s->inoff = s->inlen = 0;
-			r = resume_recv(s, s->in, (size_t)min64(count, s->incap));
+			r = sess_recv(s, s->in, (size_t)min64(count, s->incap));
 		}
 		if (r <= 0) {
 			s->linkdown = 1;

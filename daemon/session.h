@@ -227,17 +227,21 @@ void sess_prof_free(struct session *s);
 sess_handler sess_clock;
 sess_handler sess_profile;
 
-/* resume.c: the resume handshake; resume_ring.c: resume_send, resume_keep
- * and resume_free, what the session keeps of its replies */
+/* resume.c: Tresumekey, Tresume, Tack and the wait after a dropped link;
+ * resume_conn.c: a resume arriving (below session.c, whose input takes
+ * one); resume_ring.c: resume_send, resume_keep and resume_free, what the
+ * session keeps of its replies */
 int resume_offered(const struct session *s);	/* CAP_RESUME */
-/* The socket a resume naming this session arrives on, whether or not it
- * took a key; -1: none (yet). */
-int resume_pollfd(const struct session *s);
-/* Take one resume from it and answer it. 1: the session now serves the new
- * connection (and has sent it Rresume and the replies it missed); 0:
- * refused, nothing changed; -1: the session is lost, or the runner is
- * stopping. */
+/* Take one resume from the session's control socket (slot_ctl, slots.h)
+ * and answer it. 1: the session now serves the new connection (and has
+ * sent it Rresume and the replies it missed); 0: refused, nothing changed;
+ * -1: the session is lost, or the runner is stopping. A session without a
+ * key refuses every resume. */
 int resume_take(struct session *s);
+/* The same while the link stands (the session's input noticed it): 0
+ * refused, the link stands; -1 the link is gone, replaced by the resume's
+ * (resume_wait() goes on on it) or lost; s->linkdown is set. */
+int resume_switch(struct session *s);
 sess_handler resume_key;
 sess_handler resume_request;
 /* Tack: the client received the stream up to t->received. */
@@ -251,8 +255,6 @@ void resume_keep(struct session *s);
  * resumed, is not an error. */
 int resume_send(struct session *s, const void *a, size_t alen, const void *b,
     size_t blen);
-/* recv() that also notices a resume arriving while the link stands. */
-ssize_t resume_recv(struct session *s, void *buf, size_t len);
 /* The link is down: wait for a resume. 0: resumed on a new connection,
  * with the input buffer empty; -1: the session ends. */
 int resume_wait(struct session *s);
