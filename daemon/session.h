@@ -134,6 +134,20 @@ struct session {
 	struct peer_grant *grants;
 	uint32_t ngrants, grantseq;
 	int inbox;
+	/*
+	 * peer.c's part of the wait between frames, which it installs
+	 * (sess_peer_open). The wait is session.c's: its input waits for all
+	 * of the session's sockets at once, the inbox among them, as an event
+	 * loop does. What comes through the inbox is peer.c's to take, with
+	 * the handlers' files above session.c (a buffer's range, a link), so
+	 * the input calls up to it only through these: an inversion by
+	 * design, not a call session.c makes. peer_tick, before each wait: in
+	 * how many ms it wants its turn again (expired grants are dropped each
+	 * second), -1: no need; peer_serve: the inbox is readable. Set
+	 * before the session reads its first frame (sess_serve).
+	 */
+	int (*peer_tick)(struct session *s);
+	void (*peer_serve)(struct session *s);
 
 	/* link.c: links to and from sessions of other runners, by handle,
 	 * and in a list (to flush what they still have to send). */
@@ -175,13 +189,13 @@ int sess_fatal(struct session *s, uint32_t tag, uint32_t code,
 int sess_take(struct session *s, uint8_t *dst, uint64_t count);
 int sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
     const char *what);
+/* Say how the session ends, unless something already did. */
+void sess_end(struct session *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* handshake.c */
 int sess_hello(struct session *s, const union proto_msg *m);
 int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
-/* Say how the session ends, unless something already did. */
-void sess_end(struct session *s, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 
 /* buffers.c */
 /* Where count bytes at offset of buffer handle go, after launched work
@@ -267,11 +281,11 @@ sess_handler sess_peersend;
 /* A connection whose first frame is a Tpeer: hand it to its session. */
 int sess_peer_route(struct session *s, const union proto_msg *m,
     const uint8_t *frame);
-/* Between frames, with nothing buffered: 1 to read the client's socket,
- * 0 when it served the inbox or refused a resume (or waited a while) and
- * should be asked again, -1 idle past --idle-timeout, -2 stopping. */
-int sess_peer_wait(struct session *s);
-/* Take one peer connection waiting in the inbox (s->inbox readable). */
+/* Open the session's inbox (peer_route.c) and install peer.c's part of
+ * the wait between frames (s->peer_tick, s->peer_serve). */
+void sess_peer_open(struct session *s);
+/* Take one peer connection waiting in the inbox (s->inbox readable): the
+ * wait between frames (s->peer_serve) and resume_wait() call it. */
 void sess_peer_take(struct session *s);
 void sess_peer_free(struct session *s);
 
