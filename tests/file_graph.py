@@ -37,10 +37,14 @@ def symbols(obj, nm="nm"):
     return defined, used
 
 
-def graph(objdir, nm="nm"):
+def graph(objdir, nm="nm", sources=None):
     """{file: {file it uses: sorted symbols}} over objdir's objects, by the
-    name of their source (session.o -> session)."""
-    objs = sorted(o for o in os.listdir(objdir) if o.endswith(".o"))
+    name of their source (session.o -> session). With sources, only the
+    objects of a .c or .m file there: an object left behind by a source
+    since removed is not drawn."""
+    objs = sorted(o for o in os.listdir(objdir) if o.endswith(".o") and (
+        sources is None or any(os.path.exists(os.path.join(sources, o[:-2] + e))
+                               for e in (".c", ".m"))))
     defs, uses, owner = {}, {}, {}
     for o in objs:
         name = o[:-2]
@@ -105,7 +109,9 @@ def circles(g):
 def main(argv):
     objdir = argv[1] if len(argv) > 1 else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "daemon")
-    g = graph(objdir)
+    # In daemon/ itself, only the objects of its sources (not stale ones).
+    has_src = any(f.endswith(".c") for f in os.listdir(objdir))
+    g = graph(objdir, sources=objdir if has_src else None)
     if not g:
         print(f"{objdir}: no objects (make -C daemon first)", file=sys.stderr)
         return 2
