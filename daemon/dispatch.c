@@ -347,7 +347,7 @@ sess_serve(const struct mr_server_ctx *ctx, int fd, uint32_t id, int slot,
 	s->last_active = time(NULL);
 	s->started = mono_ms();
 	s->peer = peer;
-	s->inbox = peer_inbox(slot);
+	sess_peer_open(s);
 	if (ctx->cfg->handshake_timeout > 0)
 		s->hs_deadline = mono_ms() +
 		    (int64_t)ctx->cfg->handshake_timeout * 1000;

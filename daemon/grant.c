@@ -83,7 +83,7 @@ grant_new(struct session *s, uint32_t tag, uint32_t ttl)
 	if (++s->grantseq == 0)
 		s->grantseq = 1;
 	g->id = (uint64_t)s->id << 32 | s->grantseq;
-	sess_random(g->secret, sizeof(g->secret));
+	random_bytes(g->secret, sizeof(g->secret));
 	g->expires = mono_ms() + (int64_t)ttl * 1000;
 	return g;
 }

@@ -22,13 +22,8 @@
  * token is needed at all (cfg->token != NULL) never changes.
  */
 #include <pthread.h>
-#ifdef __linux__
-#include <sys/random.h>
-#endif
 #include <sys/types.h>
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,38 +41,6 @@ admit(struct session *s, uint32_t tag)
 	    s->ctx->cfg->max_sessions);
 	return sess_fatal(s, tag, PROTO_ELIMIT, "the runner is serving as "
 	    "many sessions as it allows; try again later");
-}
-
-void
-sess_random(uint8_t *p, size_t n)
-{
-#if defined(__APPLE__) || defined(__OpenBSD__)
-	arc4random_buf(p, n);
-#elif defined(__linux__)
-	/* No file to open: a confined session may not (confine.c). */
-	ssize_t r;
-
-	while (n > 0) {
-		if ((r = getrandom(p, n, 0)) == -1 && errno == EINTR)
-			continue;
-		if (r <= 0)	/* unreachable on a working system */
-			abort();
-		p += r;
-		n -= (size_t)r;
-	}
-#else
-	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-	ssize_t r = 0;
-
-	while (fd != -1 && n > 0 && (r = read(fd, p, n)) > 0) {
-		p += r;
-		n -= (size_t)r;
-	}
-	if (fd != -1)
-		close(fd);
-	if (n > 0)	/* unreachable on a working system; never a zero nonce */
-		abort();
-#endif
 }
 
 int
@@ -135,7 +98,7 @@ sess_hello(struct session *s, const union proto_msg *m)
 	r.rhello.session = s->id;
 	/* Fresh for Tauth, and for Tresume's proof (resume.c). */
 	if (cfg->token != NULL || resume_offered(s)) {
-		sess_random(s->snonce, sizeof(s->snonce));
+		random_bytes(s->snonce, sizeof(s->snonce));
 		memcpy(r.rhello.nonce, s->snonce, sizeof(s->snonce));
 	}
 	memcpy(r.rhello.name, info->name, sizeof(r.rhello.name));

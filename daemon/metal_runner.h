@@ -178,6 +178,9 @@ void *htab_del(struct htab *t, uint32_t key);
 /* Call fn on every value, then free the table. */
 void htab_clear(struct htab *t, void (*fn)(void *val, void *arg), void *arg);
 
+/* random.c: n random bytes from the system (it cannot fail: it aborts). */
+void random_bytes(uint8_t *p, size_t n);
+
 /* log.c */
 extern int log_verbose;
 void log_notice(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -187,7 +190,6 @@ void log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* sha256.c */
-extern const uint32_t sha256_K[64];
 struct sha256_ctx {
 	uint32_t h[8];
 	uint64_t len;

@@ -21,12 +21,10 @@
 #include <sys/types.h>
 
 #include <errno.h>
-#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "monotime.h"
@@ -245,48 +243,23 @@ out:
 	grant_wipe(&g, sizeof(g));
 }
 
-/*
- * Wait for the client's next request or a peer, whichever comes first:
- * 1 the client's socket is readable, 0 a peer was served (or a grant may
- * have expired: ask again), -1 the client has been idle past the runner's
- * idle timeout, -2 the runner is stopping.
- */
-int
-sess_peer_wait(struct session *s)
+/* Before each wait between frames (session.c): with grants to drop as
+ * they expire, a turn again within a second. */
+static int
+peer_tick(struct session *s)
 {
-	int idle = s->ctx->cfg->idle_timeout, ms = -1;
-	struct pollfd p[3];
-	int n;
+	if (s->ngrants == 0)
+		return -1;
+	grant_prune(s);
+	return 1000;
+}
 
-	if (s->ngrants > 0) {
-		grant_prune(s);
-		ms = 1000;	/* wake to drop grants as they expire */
-	}
-	if (idle > 0) {
-		int64_t left = ((int64_t)s->last_active + idle - time(NULL)) *
-		    1000;
-		if (left <= 0)
-			return -1;
-		if (ms == -1 || left < ms)
-			ms = (int)(left < INT32_MAX ? left : INT32_MAX);
-	}
-	/* The client, the inbox, and a resume of this session arriving
-	 * (resume_recv() takes that). */
-	p[0].fd = s->fd;
-	p[1].fd = s->inbox;
-	p[2].fd = resume_pollfd(s);
-	p[0].events = p[1].events = p[2].events = POLLIN;
-	p[0].revents = p[1].revents = p[2].revents = 0;
-	if ((n = poll(p, p[2].fd != -1 ? 3 : 2, ms)) <= 0)
-		return n == 0 || errno == EINTR ? 0 : 1;
-	if (p[0].revents != 0 || (p[2].revents != 0 && s->rs != NULL))
-		return 1;
-	/* A session without a key answers a resume naming it here. */
-	if (p[2].revents != 0 && resume_take(s) == -1)
-		return -2;
-	if (p[1].revents != 0)
-		sess_peer_take(s);
-	return 0;
+void
+sess_peer_open(struct session *s)
+{
+	s->inbox = peer_inbox(s->slot);
+	s->peer_tick = peer_tick;
+	s->peer_serve = sess_peer_take;
 }
 
 void

@@ -239,7 +239,7 @@ peer_dial(const char *host, unsigned port, uint64_t grant,
 
 	if ((fd = connect_timed(host, port, timeout_s, code, err)) == -1)
 		return -1;
-	sess_random(cnonce, PROTO_NONCE_SIZE);
+	random_bytes(cnonce, PROTO_NONCE_SIZE);
 	memset(&m, 0, sizeof(m));
 	m.h.type = PROTO_TPEER;
 	m.h.size = (uint32_t)proto_fixed_size(PROTO_TPEER);

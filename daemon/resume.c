@@ -1,6 +1,6 @@
 /*
- * resume.c: sessions that survive a dropped link: the resume handshake,
- * the session's part, and Tresumekey, Tresume and Tack.
+ * resume.c: sessions that survive a dropped link: Tresumekey, Tresume and
+ * Tack, and the session's wait for its client after the link dropped.
  *
  * A session that asked for a resume key (Tresumekey) does not end when
  * its connection fails: it waits up to --resume-grace seconds for its
@@ -29,50 +29,27 @@
  * it, with the socket (SCM_RIGHTS), up a control socket to the accept
  * loop; the accept loop passes it down the control socket of the session
  * the Tresume names (resume_route.c), and the named session checks the
- * proof itself (here). So the accept loop reads nothing from a client
- * and never sees a key; a session process needs no more system calls than sendmsg and
- * recvmsg, which it has (confine.c). Thread isolation works the same way,
- * with both ends of each control socket in one process.
+ * proof itself (resume_conn.c, below the session's input, which takes a
+ * resume that arrives while the link stands). So the accept loop reads
+ * nothing from a client and never sees a key; a session process needs no
+ * more system calls than sendmsg and recvmsg, which it has (confine.c).
+ * Thread isolation works the same way, with both ends of each control
+ * socket in one process.
  */
-#include <sys/socket.h>
 #include <sys/types.h>
-#include <sys/uio.h>
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "monotime.h"
 #include "resume.h"
 #include "session.h"
 #include "slots.h"
-
-static const char resume_client[] = "metal_runner-resume-v1 client";
-static const char resume_server[] = "metal_runner-resume-v1 server";
-
-static int
-ctl_fd(const struct session *s)
-{
-	return s->slot >= 0 ? slot_get((uint32_t)s->slot)->ctl : -1;
-}
-
-int
-resume_pollfd(const struct session *s)
-{
-	return ctl_fd(s);
-}
-
-int
-resume_offered(const struct session *s)
-{
-	return s->ctx->cfg->resume_grace > 0 && ctl_fd(s) != -1;
-}
 
 int
 resume_ack(struct session *s, const union proto_msg *m,
@@ -96,197 +73,6 @@ resume_ack(struct session *s, const union proto_msg *m,
 	return 0;
 }
 
-static void
-put_le(uint8_t *p, uint64_t v, int n)
-{
-	int i;
-
-	for (i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void
-client_mac(const struct resume *rs, const struct resume_handover *h,
-    uint8_t out[32])
-{
-	uint8_t msg[sizeof(resume_client) + 2 * PROTO_NONCE_SIZE + 20];
-	size_t l = strlen(resume_client);
-
-	memcpy(msg, resume_client, l);
-	memcpy(msg + l, h->snonce, PROTO_NONCE_SIZE);
-	memcpy(msg + l + 32, h->cnonce, PROTO_NONCE_SIZE);
-	put_le(msg + l + 64, h->target, 4);
-	put_le(msg + l + 68, h->sent, 8);
-	put_le(msg + l + 76, h->received, 8);
-	hmac_sha256(rs->secret, sizeof(rs->secret), msg, l + 84, out);
-}
-
-static void
-server_mac(const struct resume *rs, const struct resume_handover *h,
-    uint8_t out[32])
-{
-	uint8_t msg[sizeof(resume_server) + 2 * PROTO_NONCE_SIZE];
-	size_t l = strlen(resume_server);
-
-	memcpy(msg, resume_server, l);
-	memcpy(msg + l, h->cnonce, PROTO_NONCE_SIZE);
-	memcpy(msg + l + 32, h->snonce, PROTO_NONCE_SIZE);
-	hmac_sha256(rs->secret, sizeof(rs->secret), msg, l + 64, out);
-}
-
-/* A proven resume the session cannot honour: the session is lost. */
-static int
-lose(struct session *s, const struct resume_handover *h, int fd,
-    const char *text)
-{
-	log_warn("session %u: resume from %s refused, the session ends: %s",
-	    s->id, h->peer, text);
-	net_refuse(fd, h->tag, PROTO_ERESUME, text);
-	s->rs->lost = 1;
-	s->linkdown = 1;
-	return -1;
-}
-
-/* A session without a key refuses every resume (EAUTH, as for a wrong
- * proof): the client gets its answer rather than waiting on a socket the
- * session never reads. */
-int
-resume_take(struct session *s)
-{
-	struct resume *rs = s->rs;
-	struct resume_handover h;
-	union proto_msg r;
-	uint8_t want[32], frame[sizeof(struct proto_rresume)], diff = 0;
-	char text[256];
-	uint64_t back;
-	size_t i;
-	int fd;
-
-	if (resume_handover_recv(ctl_fd(s), &h, &fd) == -1) {
-		struct pollfd p = { ctl_fd(s), POLLIN, 0 };
-		/* Nothing to read and the other end gone: stopping. */
-		return poll(&p, 1, 0) == 1 && (p.revents & (POLLHUP | POLLERR))
-		    ? -1 : 0;
-	}
-	if (rs == NULL) {	/* no key to prove: never taken, or withdrawn */
-		log_warn("session %u: resume from %s refused: the session has "
-		    "no resume key", s->id, h.peer);
-		net_refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong "
-		    "proof of the session's resume key");
-		return 0;
-	}
-	client_mac(rs, &h, want);
-	for (i = 0; i < sizeof(want); i++)	/* constant time */
-		diff |= want[i] ^ h.mac[i];
-	if (diff != 0 || h.target != s->id) {
-		log_warn("session %u: resume from %s refused: wrong proof",
-		    s->id, h.peer);
-		net_refuse(fd, h.tag, PROTO_EAUTH, "resume refused: wrong "
-		    "proof of the session's resume key");
-		return 0;
-	}
-	/* Output not yet sent belongs to the stream before the resume. */
-	s->linkdown = 1;
-	if (s->outlen > 0) {
-		resume_send(s, s->out, s->outlen, NULL, 0);
-		s->outlen = 0;
-	}
-	if (h.sent < s->nproc) {
-		snprintf(text, sizeof(text), "the client says it sent %llu "
-		    "requests, but the runner processed %llu",
-		    (unsigned long long)h.sent, (unsigned long long)s->nproc);
-		return lose(s, &h, fd, text);
-	}
-	if (h.received > rs->total) {
-		snprintf(text, sizeof(text), "the client says it received %llu "
-		    "bytes of replies, but the runner sent %llu",
-		    (unsigned long long)h.received,
-		    (unsigned long long)rs->total);
-		return lose(s, &h, fd, text);
-	}
-	if (resume_missed(rs, h.received, h.maxmsg, -1, text,
-	    sizeof(text)) == -1)
-		return lose(s, &h, fd, text);
-	if (s->fd != -1) {	/* the old link still stood: the proof wins */
-		log_info("session %u: closing its old connection for a resume",
-		    s->id);
-		shutdown(s->fd, SHUT_RDWR);
-		close(s->fd);
-	}
-	s->fd = fd;
-	slot_get((uint32_t)s->slot)->fd = fd;
-	s->inlen = s->inoff = 0;
-	s->linkdown = 0;
-	s->end[0] = '\0';	/* the drop did not end it */
-	s->maxmsg = h.maxmsg;	/* the new connection's, from here on */
-	s->last_active = time(NULL);	/* the idle limit runs from here */
-	rs->resumes++;
-	memset(&r, 0, sizeof(r));
-	r.h.type = PROTO_RRESUME;
-	r.h.size = sizeof(frame);
-	r.h.tag = h.tag;
-	r.rresume.processed = s->nproc;
-	server_mac(rs, &h, r.rresume.mac);
-	proto_put(frame, sizeof(frame), &r);
-	if (net_send_all(fd, frame, sizeof(frame)) == -1 ||
-	    resume_missed(rs, h.received, h.maxmsg, fd, text,
-	    sizeof(text)) == -1)
-		s->linkdown = 1;	/* and the client may try again */
-	back = rs->total - h.received;
-	s->bytes_out += sizeof(frame) + back;
-	log_notice("session %u: resumed from %s (resume %u): %llu requests "
-	    "processed, %llu bytes of replies sent again", s->id, h.peer,
-	    rs->resumes, (unsigned long long)s->nproc,
-	    (unsigned long long)back);
-	return 1;
-}
-
-ssize_t
-resume_recv(struct session *s, void *buf, size_t len)
-{
-	int tmo = s->ctx->cfg->frame_timeout > 0 ?
-	    s->ctx->cfg->frame_timeout * 1000 : -1;
-	struct pollfd p[2];
-	ssize_t r;
-	int n;
-
-	if (s->linkdown) {
-		errno = ECONNRESET;
-		return -1;
-	}
-	if (s->rs == NULL || ctl_fd(s) == -1)
-		return net_recv(s->fd, buf, len);
-	for (;;) {
-		/* What has arrived is taken without a poll: only a recv that
-		 * would block waits, watching the control socket too. */
-		if ((r = recv(s->fd, buf, len, MSG_DONTWAIT)) >= 0 ||
-		    (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-			return r;
-		p[0].fd = s->fd;
-		p[1].fd = ctl_fd(s);
-		p[0].events = p[1].events = POLLIN;
-		p[0].revents = p[1].revents = 0;
-		if ((n = poll(p, 2, tmo)) == -1 && errno == EINTR)
-			continue;
-		if (n == 0) {
-			errno = EAGAIN;
-			return -1;
-		}
-		if (p[1].revents != 0) {
-			/* A resume while this link stands: the client gave
-			 * it up (a half-open link after a network change). */
-			n = resume_take(s);
-			if (n == 1)
-				s->rs->switched = 1;
-			if (n != 0) {
-				s->linkdown = 1;
-				errno = ECONNRESET;
-				return -1;
-			}
-		}
-	}
-}
-
 int
 resume_wait(struct session *s)
 {
@@ -298,7 +84,7 @@ resume_wait(struct session *s)
 
 	if (rs == NULL || !s->linkdown || rs->lost)
 		return -1;
-	if (rs->switched) {	/* resume_recv() took a resume already */
+	if (rs->switched) {	/* the session's input took a resume already */
 		rs->switched = 0;
 		s->linkdown = 0;
 		return 0;
@@ -320,7 +106,7 @@ resume_wait(struct session *s)
 	while ((left = deadline - mono_ms()) > 0) {
 		/* A copy between runners into this session is taken meanwhile:
 		 * its source waits for it, not for this session's client. */
-		struct pollfd p[2] = { { ctl_fd(s), POLLIN, 0 },
+		struct pollfd p[2] = { { slot_ctl(s->slot), POLLIN, 0 },
 		    { s->inbox, POLLIN, 0 } };
 		if ((n = poll(p, 2, left > INT_MAX ? INT_MAX : (int)left)) ==
 		    -1 && errno == EINTR)
@@ -384,7 +170,7 @@ resume_key(struct session *s, const union proto_msg *m,
 		/* What is in the output buffer now (Rhello, Rauth) goes out
 		 * before the stream the counts are about. */
 		rs->skip = s->outlen;
-		sess_random(rs->secret, sizeof(rs->secret));
+		random_bytes(rs->secret, sizeof(rs->secret));
 		s->rs = rs;
 	}
 	r.rresumekey.grace = (uint32_t)cfg->resume_grace;
@@ -423,7 +209,7 @@ resume_request(struct session *s, const union proto_msg *m,
 	memcpy(h.cnonce, t->cnonce, sizeof(h.cnonce));
 	memcpy(h.mac, t->mac, sizeof(h.mac));
 	snprintf(h.peer, sizeof(h.peer), "%s", s->peer);
-	if (resume_handover_send(ctl_fd(s), &h, s->fd) == -1)
+	if (resume_handover_send(slot_ctl(s->slot), &h, s->fd) == -1)
 		return sess_fatal(s, t->h.tag, PROTO_ERESUME, "the runner "
 		    "cannot pass the connection on") == -1 ? -2 : 0;
 	log_info("session %u: passed on to resume session %u", s->id,
@@ -436,7 +222,7 @@ resume_request(struct session *s, const union proto_msg *m,
 void
 resume_end(struct session *s)
 {
-	int ctl = ctl_fd(s);
+	int ctl = slot_ctl(s->slot);
 
 	resume_free(s);
 	if (ctl != -1) {

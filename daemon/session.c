@@ -14,7 +14,13 @@
  *
  * Requests without a reply that fail queue their Rerror; queued errors go
  * out ahead of the next reply, so none is lost and order is kept.
+ *
+ * Between frames the input waits for all of the session's sockets: its
+ * client's, the inbox of peer connections (served by what peer.c installed,
+ * s->peer_serve) and the control socket a resume arrives on (taken by
+ * resume_conn.c, below this file, as in the middle of a frame).
  */
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <errno.h>
@@ -29,6 +35,7 @@
 
 #include "monotime.h"
 #include "session.h"
+#include "slots.h"
 
 #define MAX_QUEUED_ERRORS 64
 
@@ -249,6 +256,94 @@ handshake_wait(struct session *s)
 }
 
 /*
+ * Between frames, with nothing buffered, in a ready session: wait for the
+ * client's next request, a peer in the inbox or a resume naming this
+ * session, whichever comes first. 1: the client's socket is readable (or a
+ * resume came for a session with a key: sess_recv() takes it); 0: a peer
+ * was served or a resume refused (or a grant may have expired): ask again;
+ * -1: the client has been idle past --idle-timeout; -2: the runner is
+ * stopping. The inbox is peer.c's, served through the hooks it installed
+ * (session.h, peer_tick and peer_serve).
+ */
+static int
+wait_between(struct session *s)
+{
+	int idle = s->ctx->cfg->idle_timeout, ms;
+	struct pollfd p[3];
+	int n;
+
+	ms = s->peer_tick(s);
+	if (idle > 0) {
+		int64_t left = ((int64_t)s->last_active + idle - time(NULL)) *
+		    1000;
+		if (left <= 0)
+			return -1;
+		if (ms == -1 || left < ms)
+			ms = (int)(left < INT32_MAX ? left : INT32_MAX);
+	}
+	/* The client, the inbox, and a resume of this session arriving
+	 * (sess_recv() takes that). */
+	p[0].fd = s->fd;
+	p[1].fd = s->inbox;
+	p[2].fd = slot_ctl(s->slot);
+	p[0].events = p[1].events = p[2].events = POLLIN;
+	p[0].revents = p[1].revents = p[2].revents = 0;
+	if ((n = poll(p, p[2].fd != -1 ? 3 : 2, ms)) <= 0)
+		return n == 0 || errno == EINTR ? 0 : 1;
+	if (p[0].revents != 0 || (p[2].revents != 0 && s->rs != NULL))
+		return 1;
+	/* A session without a key answers a resume naming it here. */
+	if (p[2].revents != 0 && resume_take(s) == -1)
+		return -2;
+	if (p[1].revents != 0)
+		s->peer_serve(s);
+	return 0;
+}
+
+/* recv() from the client that also notices a resume arriving while the
+ * link stands: in a session with a key, a recv that would block watches
+ * the control socket too. */
+static ssize_t
+sess_recv(struct session *s, void *buf, size_t len)
+{
+	int tmo = s->ctx->cfg->frame_timeout > 0 ?
+	    s->ctx->cfg->frame_timeout * 1000 : -1;
+	struct pollfd p[2];
+	ssize_t r;
+	int n;
+
+	if (s->linkdown) {
+		errno = ECONNRESET;
+		return -1;
+	}
+	if (s->rs == NULL || slot_ctl(s->slot) == -1)
+		return net_recv(s->fd, buf, len);
+	for (;;) {
+		/* What has arrived is taken without a poll: only a recv that
+		 * would block waits, watching the control socket too. */
+		if ((r = recv(s->fd, buf, len, MSG_DONTWAIT)) >= 0 ||
+		    (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+			return r;
+		p[0].fd = s->fd;
+		p[1].fd = slot_ctl(s->slot);
+		p[0].events = p[1].events = POLLIN;
+		p[0].revents = p[1].revents = 0;
+		if ((n = poll(p, 2, tmo)) == -1 && errno == EINTR)
+			continue;
+		if (n == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+		/* A resume while this link stands (resume_conn.c): refused,
+		 * or the link is gone. */
+		if (p[1].revents != 0 && resume_switch(s) == -1) {
+			errno = ECONNRESET;
+			return -1;
+		}
+	}
+}
+
+/*
  * Make n bytes of the current frame available at s->in + s->inoff.
  * Returns 1, 0 at a clean end of stream between frames, -1 on error.
  */
@@ -284,7 +379,7 @@ sess_need(struct session *s, size_t n, int boundary)
 		/* Between requests a peer may come through the inbox, and a
 		 * resume naming this session through its control socket. */
 		if (boundary && s->inlen == s->inoff && s->state == S_READY &&
-		    (r = sess_peer_wait(s)) != 1) {
+		    (r = wait_between(s)) != 1) {
 			if (r == 0)
 				continue;
 			if (r == -2)
@@ -303,7 +398,7 @@ sess_need(struct session *s, size_t n, int boundary)
 			return -1;
 		}
 		/* Before the handshake is done the idle limit applies here (once
-		 * it is, sess_peer_wait() above applies it); the socket's receive
+		 * it is, wait_between() above applies it); the socket's receive
 		 * timeout is the frame timeout, which may be longer. */
 		if (boundary && s->inlen == s->inoff && cfg->idle_timeout > 0 &&
 		    s->state != S_READY &&
@@ -315,7 +410,7 @@ sess_need(struct session *s, size_t n, int boundary)
 			    cfg->idle_timeout);
 			return -1;
 		}
-		r = resume_recv(s, s->in + s->inlen, s->incap - s->inlen);
+		r = sess_recv(s, s->in + s->inlen, s->incap - s->inlen);
 		/* A client's ordinary exit often resets the connection rather
 		 * than closing it: the library's close sends Tresumekey OFF and
 		 * closes at once, so its Rresumekey meets a closed socket (and
@@ -388,10 +483,10 @@ sess_take(struct session *s, uint8_t *dst, uint64_t count)
 		return -1;
 	while (count > 0) {
 		if (dst != NULL)
-			r = resume_recv(s, dst, (size_t)count);
+			r = sess_recv(s, dst, (size_t)count);
 		else {
 			s->inoff = s->inlen = 0;
-			r = resume_recv(s, s->in, (size_t)min64(count, s->incap));
+			r = sess_recv(s, s->in, (size_t)min64(count, s->incap));
 		}
 		if (r <= 0) {
 			s->linkdown = 1;

@@ -134,6 +134,20 @@ struct session {
 	struct peer_grant *grants;
 	uint32_t ngrants, grantseq;
 	int inbox;
+	/*
+	 * peer.c's part of the wait between frames, which it installs
+	 * (sess_peer_open). The wait is session.c's: its input waits for all
+	 * of the session's sockets at once, the inbox among them, as an event
+	 * loop does. What comes through the inbox is peer.c's to take, with
+	 * the handlers' files above session.c (a buffer's range, a link), so
+	 * the input calls up to it only through these: an inversion by
+	 * design, not a call session.c makes. peer_tick, before each wait: in
+	 * how many ms it wants its turn again (expired grants are dropped each
+	 * second), -1: no need; peer_serve: the inbox is readable. Set
+	 * before the session reads its first frame (sess_serve).
+	 */
+	int (*peer_tick)(struct session *s);
+	void (*peer_serve)(struct session *s);
 
 	/* link.c: links to and from sessions of other runners, by handle,
 	 * and in a list (to flush what they still have to send). */
@@ -175,14 +189,13 @@ int sess_fatal(struct session *s, uint32_t tag, uint32_t code,
 int sess_take(struct session *s, uint8_t *dst, uint64_t count);
 int sess_count_handle(struct session *s, uint32_t tag, uint32_t *n,
     const char *what);
-
-/* handshake.c */
-void sess_random(uint8_t *p, size_t n);
-int sess_hello(struct session *s, const union proto_msg *m);
-int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
 /* Say how the session ends, unless something already did. */
 void sess_end(struct session *s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* handshake.c */
+int sess_hello(struct session *s, const union proto_msg *m);
+int sess_auth(struct session *s, const union proto_msg *m, const char *peer);
 
 /* buffers.c */
 /* Where count bytes at offset of buffer handle go, after launched work
@@ -228,17 +241,21 @@ void sess_prof_free(struct session *s);
 sess_handler sess_clock;
 sess_handler sess_profile;
 
-/* resume.c: the resume handshake; resume_ring.c: resume_send, resume_keep
- * and resume_free, what the session keeps of its replies */
+/* resume.c: Tresumekey, Tresume, Tack and the wait after a dropped link;
+ * resume_conn.c: a resume arriving (below session.c, whose input takes
+ * one); resume_ring.c: resume_send, resume_keep and resume_free, what the
+ * session keeps of its replies */
 int resume_offered(const struct session *s);	/* CAP_RESUME */
-/* The socket a resume naming this session arrives on, whether or not it
- * took a key; -1: none (yet). */
-int resume_pollfd(const struct session *s);
-/* Take one resume from it and answer it. 1: the session now serves the new
- * connection (and has sent it Rresume and the replies it missed); 0:
- * refused, nothing changed; -1: the session is lost, or the runner is
- * stopping. */
+/* Take one resume from the session's control socket (slot_ctl, slots.h)
+ * and answer it. 1: the session now serves the new connection (and has
+ * sent it Rresume and the replies it missed); 0: refused, nothing changed;
+ * -1: the session is lost, or the runner is stopping. A session without a
+ * key refuses every resume. */
 int resume_take(struct session *s);
+/* The same while the link stands (the session's input noticed it): 0
+ * refused, the link stands; -1 the link is gone, replaced by the resume's
+ * (resume_wait() goes on on it) or lost; s->linkdown is set. */
+int resume_switch(struct session *s);
 sess_handler resume_key;
 sess_handler resume_request;
 /* Tack: the client received the stream up to t->received. */
@@ -252,8 +269,6 @@ void resume_keep(struct session *s);
  * resumed, is not an error. */
 int resume_send(struct session *s, const void *a, size_t alen, const void *b,
     size_t blen);
-/* recv() that also notices a resume arriving while the link stands. */
-ssize_t resume_recv(struct session *s, void *buf, size_t len);
 /* The link is down: wait for a resume. 0: resumed on a new connection,
  * with the input buffer empty; -1: the session ends. */
 int resume_wait(struct session *s);
@@ -266,11 +281,11 @@ sess_handler sess_peersend;
 /* A connection whose first frame is a Tpeer: hand it to its session. */
 int sess_peer_route(struct session *s, const union proto_msg *m,
     const uint8_t *frame);
-/* Between frames, with nothing buffered: 1 to read the client's socket,
- * 0 when it served the inbox or refused a resume (or waited a while) and
- * should be asked again, -1 idle past --idle-timeout, -2 stopping. */
-int sess_peer_wait(struct session *s);
-/* Take one peer connection waiting in the inbox (s->inbox readable). */
+/* Open the session's inbox (peer_route.c) and install peer.c's part of
+ * the wait between frames (s->peer_tick, s->peer_serve). */
+void sess_peer_open(struct session *s);
+/* Take one peer connection waiting in the inbox (s->inbox readable): the
+ * wait between frames (s->peer_serve) and resume_wait() call it. */
 void sess_peer_take(struct session *s);
 void sess_peer_free(struct session *s);
 

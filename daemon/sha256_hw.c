@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "metal_runner.h"
+#include "sha256_k.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>

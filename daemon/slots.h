@@ -42,6 +42,13 @@ int slot_fd(void);
 int slot_attach(int fd);
 uint32_t slot_count(void);
 struct slot *slot_get(uint32_t i);
+/* The session's end of slot's control socket, where a resume naming it
+ * arrives (resume.c); -1: none. */
+static inline int
+slot_ctl(int slot)
+{
+	return slot >= 0 ? slot_get((uint32_t)slot)->ctl : -1;
+}
 /* Established sessions; connections still in their handshake. */
 uint32_t slot_sessions(void);
 uint32_t slot_starting(void);
