@@ -348,17 +348,26 @@ def layers_fit(kv:dict, infos:list[TensorInfo], alive:tuple[str, ...], max_conte
 
 def let_go(drop, alive:tuple[str, ...], lost:str, taken:list[tuple[str, str]], say):
   """drop() lets go of the old model; its buffers, freed, go back to the runners that remain (their allocators' caches emptied), the
-  default device becomes the first of them, and the line says why the model is placed again."""
+  default device becomes the first of them (default_device()), and the line says why the model is placed again."""
   import gc
-  from tinygrad.helpers import DEV
   drop()
   gc.collect()
   for d in alive:
     if hasattr(alloc:=Device[d].allocator, "free_cache"): alloc.free_cache()
-  DEV.value = alive[0]
+  default_device(alive[0])
   what = ([f"lost {lost}"] if lost else []) + [f"taking back runner {a} as {d}" for a, d in taken]
   say(f"metal_runner: {'; '.join(what) or 'a runner failed'}: placing the model again over "
       + (f"the {len(alive)} runner(s) that remain" if lost else f"all {len(alive)} runners named"))
+
+def default_device(d:str):
+  """Tensors made without a device (tinygrad.llm's generate makes the prompt's tokens so) go to d from now on. tinygrad 0.14's default
+  device has no index: DEV=REMOTE:1 reads as REMOTE with renderer '1', after which nothing compiles (the next request's connection was
+  dropped when the first runner named was lost), and REMOTE itself is the lost runner's. So Device.DEFAULT answers d where d has one."""
+  from tinygrad.device import _Device
+  if not hasattr(_Device, "tinygrads_default"):
+    _Device.tinygrads_default = own = _Device.DEFAULT   # type: ignore[attr-defined]
+    _Device.DEFAULT = property(lambda self: getattr(self, "placed_default", None) or own.fget(self), own.fset)   # type: ignore[method-assign]
+  Device.placed_default = d if ":" in d else None   # type: ignore[attr-defined]
 
 def place_again(drop, path, rs, max_context, realize, speed:bool, say):
   """After a runner was lost, or once one lost answers again: the model again from the file, split by layers, over the runners named at
