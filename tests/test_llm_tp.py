@@ -226,10 +226,11 @@ def cpu_small_served(models, tmp_path_factory) -> str:
 
 @pytest.mark.slow
 def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp_over_both_again(models, cpu_small_served, tmp_path):
-  """tp over two runners, the second SIGKILLed mid-stream: the stream ends at once with an error naming it; the next request places the
-  model again on the runner left, split by layers (tp needs two: a line says so), and answers with the CPU device's text; the runner
-  started again at its port is taken back, and the next request places the model tensor parallel over both again (the one back as
-  REMOTE:2), with the same text."""
+  """tp over two runners, the first SIGKILLed mid-stream (the one whose device tinygrad makes a request's tokens on, where the split by
+  layers' test loses the second): the stream ends at once with an error naming it; the next request places the model again on the
+  runner left, split by layers (tp needs two: a line says so), and answers with the CPU device's text; the runner started again at its
+  port is taken back, and the next request places the model tensor parallel over both again (the one back as REMOTE:2), with the
+  same text."""
   import openai, os, signal, time
   from llm_app import served
   from runner_proc import RunnerProc
@@ -237,7 +238,7 @@ def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp
     log = tmp_path / "s.log"
     with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["small"], "--max_context", CTX], TP, log) as (url, _):
       c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
-      lost, n, t = rs.procs[1], 0, 0.0
+      lost, n, t = rs.procs[0], 0, 0.0
       with pytest.raises(openai.APIError) as e:
         for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
                                            max_tokens=100, stream=True):
@@ -257,13 +258,14 @@ def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp
       assert (streamed:=ask_all(c, stream=True)) == cpu_small_served, (streamed, cpu_small_served)
       again = time.perf_counter() - t
     text = log.read_text()
-  a, b = rs.procs[0].addr, lost.addr
-  assert (f"metal_runner: lost REMOTE:1 {b}: placing the model again over the 1 runner(s) that remain\n"
+  a, b = lost.addr, rs.procs[1].addr
+  assert (f"metal_runner: lost REMOTE {a}: placing the model again over the 1 runner(s) that remain\n"
           f"metal_runner: tensor parallel needs 2 runners or more, and 1 answers: the model is split by layers instead\n"
-          f"placement over 1 runners: REMOTE {a} blocks 0-3 and the embedding and the output norm and head, ") in text, text[-3000:]
-  assert f"metal_runner: taking back runner {b} as REMOTE:2: placing the model again over all 2 runners named\n" in text, text[-3000:]
+          f"placement over 1 runners: REMOTE:1 {b} blocks 0-3 and the embedding and the output norm and head, ") in text, text[-3000:]
+  assert f"metal_runner: taking back runner {a} as REMOTE:2: placing the model again over all 2 runners named\n" in text, text[-3000:]
   lines = [s for s in text.splitlines() if s.startswith("tensor parallel over")]
-  assert len(lines) == 2 and all(s.startswith(f"tensor parallel over 2 runners: REMOTE {a}, REMOTE:{i} {b}; ") for s, i in zip(lines, (1, 2))), lines
+  assert len(lines) == 2, lines
+  assert all(s.startswith(f"tensor parallel over 2 runners: REMOTE{i} {a}, REMOTE:1 {b}; ") for s, i in zip(lines, ("", ":2"))), lines
   print(f"tp, SIGKILL: the stream ended {waited:.3f} s after the signal; the next request (by layers on the runner left) answered "
         f"{recovered:.1f} s after it; the runner started again, the server saw it answer {seen:.1f} s later, and the first request placed "
         f"tensor parallel over both again was answered {again:.1f} s after its start")
