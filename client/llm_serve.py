@@ -6,7 +6,8 @@ where they cannot hold it, it and every later request get HTTP 503 naming the ru
 needed. Without this, tinygrad's handler died with the runner's exception: a stream ended as if complete, and the next request got no
 answer at all. A runner lost is watched for (client/rejoin.py): once it answers again, the next request places the model again over
 every runner named that answers, that one as a new device, and so ends the 503s of runners that could not hold the model alone.
-client/placement.py's across_runners() installs it; with one runner nothing here is imported.
+client/placement.py's across_runners() installs it, and placement_tp.py's across_runners_tp(), whose place_again_tp() places the model
+tensor parallel again where the runners that answer allow it, else by layers; with one runner nothing here is imported.
 """
 from __future__ import annotations
 import json, sys

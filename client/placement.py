@@ -333,31 +333,54 @@ def answering(devices:tuple[str, ...]) -> tuple[str, ...]:
       except RunnerError: continue
   return tuple(alive)
 
-def place_again(drop, path, rs, max_context, realize, speed:bool, say):
-  """After a runner was lost, or once one lost answers again: the model again from the file over the runners named at start that answer
-  now (rs: client/rejoin.py's Runners; one that came back is taken back as a new device, one lost is watched for), once drop() has let go
-  of the old model and its buffers. DoesNotFit, naming the runners lost, when those that answer cannot hold it. The default device
-  becomes the first of them."""
-  import gc
-  from tinygrad.helpers import DEV
+def survivors(rs) -> tuple[tuple[str, ...], str, list[tuple[str, str]]]:
+  """The devices of the runners named at start that answer now (rs: client/rejoin.py's Runners; one that came back taken back as a new
+  device, where it was; one lost watched for), the runners lost in words, and those taken back, [(address, device)]. DoesNotFit when
+  none answers."""
   taken = rs.take_back(answering(rs.devices()))   # the runners back, as new devices, where they were
   alive = answering(rs.devices())
   rs.watch(gone:=[a for a in rs.addrs if rs.device[a] not in alive])
   lost = ", ".join(f"{rs.device[a]} {a}" for a in gone)
   if not alive: raise DoesNotFit(f"metal_runner: every runner is lost ({lost})")
-  try:   # whether they can hold it, before the old model is let go
-    kv, infos = read_gguf(path)
-    arch = kv["general.architecture"]
-    plan_gguf(kv, infos, alive, min(max_context, kv[f"{arch}.context_length"]) if max_context is not None else kv[f"{arch}.context_length"], False)
+  return alive, lost, taken
+
+def layers_fit(kv:dict, infos:list[TensorInfo], alive:tuple[str, ...], max_context:int, lost:str):
+  """DoesNotFit, naming the runners lost, when those that answer cannot hold the model split by layers: checked before the old model is
+  let go, so a refusal leaves the server as it was."""
+  try: plan_gguf(kv, infos, alive, max_context, False)
   except DoesNotFit as e: raise DoesNotFit(f"metal_runner: lost {lost}, and {str(e).removeprefix('metal_runner: ')}") from None
+
+def let_go(drop, alive:tuple[str, ...], lost:str, taken:list[tuple[str, str]], say):
+  """drop() lets go of the old model; its buffers, freed, go back to the runners that remain (their allocators' caches emptied), the
+  default device becomes the first of them (default_device()), and the line says why the model is placed again."""
+  import gc
   drop()
   gc.collect()
   for d in alive:
     if hasattr(alloc:=Device[d].allocator, "free_cache"): alloc.free_cache()
-  DEV.value = alive[0]
+  default_device(alive[0])
   what = ([f"lost {lost}"] if lost else []) + [f"taking back runner {a} as {d}" for a, d in taken]
   say(f"metal_runner: {'; '.join(what) or 'a runner failed'}: placing the model again over "
       + (f"the {len(alive)} runner(s) that remain" if lost else f"all {len(alive)} runners named"))
+
+def default_device(d:str):
+  """Tensors made without a device (tinygrad.llm's generate makes the prompt's tokens so) go to d from now on. tinygrad 0.14's default
+  device has no index: DEV=REMOTE:1 reads as REMOTE with renderer '1', after which nothing compiles (the next request's connection was
+  dropped when the first runner named was lost), and REMOTE itself is the lost runner's. So Device.DEFAULT answers d where d has one."""
+  from tinygrad.device import _Device
+  if not hasattr(_Device, "tinygrads_default"):
+    _Device.tinygrads_default = own = _Device.DEFAULT   # type: ignore[attr-defined]
+    _Device.DEFAULT = property(lambda self: getattr(self, "placed_default", None) or own.fget(self), own.fset)   # type: ignore[method-assign]
+  Device.placed_default = d if ":" in d else None   # type: ignore[attr-defined]
+
+def place_again(drop, path, rs, max_context, realize, speed:bool, say):
+  """After a runner was lost, or once one lost answers again: the model again from the file, split by layers, over the runners named at
+  start that answer now (survivors()), once drop() has let go of the old model and its buffers. DoesNotFit, naming the runners lost,
+  when those that answer cannot hold it."""
+  alive, lost, taken = survivors(rs)
+  kv, infos = read_gguf(path)
+  layers_fit(kv, infos, alive, context(kv, max_context), lost)
+  let_go(drop, alive, lost, taken, say)
   return from_gguf(path, alive, max_context, realize, speed, say=say)[0]
 
 def runner_devices() -> tuple[str, ...]:

@@ -201,15 +201,38 @@ def place_tp(model, devices:tuple[str, ...]):
 
 # *** tinygrad's app: Transformer.from_gguf of a file goes tensor parallel over the runners
 
+def place_again_tp(drop, path, rs, max_context, realize, say):
+  """After a runner was lost, or once one lost answers again (client/llm_serve.py): the model again from the file over the runners named
+  at start that answer now (placement.py survivors()), tensor parallel where 2 or more answer and the model splits and fits over them;
+  else split by layers (over one runner: the whole model on it), with a line that says why; DoesNotFit naming the runners lost when
+  that cannot hold it either. Both checked before drop() lets go of the old model."""
+  from client.placement import from_gguf, layers_fit, let_go, survivors
+  alive, lost, taken = survivors(rs)
+  kv, infos = read_gguf(path)
+  why = f"tensor parallel needs 2 runners or more, and {len(alive)} answers" if len(alive) < 2 else None
+  if why is None:
+    try: plan_tp(kv, infos, alive, context(kv, max_context))
+    except (DoesNotDivide, DoesNotFit) as e: why = str(e).removeprefix("metal_runner: ").split("; nothing was uploaded")[0]
+  if why is not None: layers_fit(kv, infos, alive, context(kv, max_context), lost)
+  let_go(drop, alive, lost, taken, say)
+  if why is None: return from_gguf_tp(path, alive, max_context, realize, say=say)[0]
+  say(f"metal_runner: {why}: the model is split by layers instead")
+  return from_gguf(path, alive, max_context, realize, True, say=say)[0]
+
 def across_runners_tp():
   """Transformer.from_gguf(path) places the model tensor parallel over every runner named (METAL_RUNNER), for tinygrad's app and any
   program that loads its model that way; a Tensor (a file already on a device) is left to tinygrad. The placement line goes to stderr.
-  A runner lost while serving ends the answer with an error naming it (client/llm_serve.py); the model is not placed again."""
+  A runner lost while serving ends the answer with an error naming it, and the next request places the model again over the runners
+  that remain, a runner back over all again (client/llm_serve.py, place_again_tp())."""
   from tinygrad.llm.model import Transformer
   from client.placement import runner_devices
+  from client.rejoin import Runners
   def placed(gguf, max_context=None, realize=None):
     if isinstance(gguf, Tensor): return tinygrads(gguf, max_context, **({} if realize is None else {"realize": realize}))
-    model, kv, _ = from_gguf_tp(gguf, runner_devices(), max_context, realize, say=lambda s: print(s, file=sys.stderr))
+    say = lambda s: print(s, file=sys.stderr)   # noqa: E731
+    model, kv, p = from_gguf_tp(gguf, runner_devices(), max_context, realize, say=say)
+    model.runners = rs = Runners(p.devices, p.addrs, say)   # for the server: llm_serve.py
+    rs.place_again = lambda drop: place_again_tp(drop, gguf, rs, max_context, realize, say)
     return model, kv
   placed.tinygrads = tinygrads = tinygrads_from_gguf()   # type: ignore[attr-defined]
   Transformer.from_gguf = staticmethod(placed)   # type: ignore[method-assign]

@@ -1,5 +1,5 @@
-"""The runners a model served over several (client/placement.py across_runners, client/llm_serve.py) was placed on at start, and taking
-back one that was lost once it answers again at its address (restarted, or its machine back).
+"""The runners a model served over several (client/placement.py across_runners, placement_tp.py, client/llm_serve.py) was placed on at
+start, and taking back one that was lost once it answers again at its address (restarted, or its machine back).
 
 A lost runner's device cannot be used again: its session is gone, and tinygrad keeps, per device, what that session held (compiled
 programs, the random seeds' buffers, freed buffers in the allocator's cache), whose handles name nothing, or something else, in a new
@@ -25,7 +25,7 @@ class Runners:
     self.back: set[str] = set()                          # missing runners that answered again, not taken back yet
     self.missing: set[str] = set()
     self.say, self.lock, self.watcher = say, threading.Lock(), None
-    self.place_again = None                              # set by placement.across_runners: place_again(drop) -> the new model
+    self.place_again = None                              # set by across_runners(_tp): place_again(drop) -> the new model
 
   def devices(self) -> tuple[str, ...]: return tuple(self.device[a] for a in self.addrs)
 

@@ -4,7 +4,7 @@
 import re
 import pytest
 from ggufgen import write
-from test_llm_runners import Runners, python, texts
+from test_llm_runners import Runners, ask_all, python, texts, until_logged
 
 CTX = "64"
 TP = {"METAL_RUNNER_PLACEMENT": "tp"}
@@ -61,6 +61,40 @@ def test_a_runner_that_cannot_hold_its_part_is_refused(monkeypatch):
   with pytest.raises(DoesNotFit) as e:
     plan_tp(llama(4, 2, 128), tensors(64, 128, 32), ("CPU", "CPU:1"), 64)   # 4 MiB of headroom alone is more than 1 MiB
   assert re.search(r"h:1 offers 1.0 MiB, h:1 offers 1.0 MiB.*4.0 MiB of headroom: [\d.]+ MiB; nothing was uploaded$", str(e.value))
+
+def test_placed_again_tp_where_the_runners_left_split_it_else_by_layers_else_refused(monkeypatch):
+  """place_again_tp's choice after a loss (no runners: what answers, each runner's memory and the loads stubbed): tp over the 2 of 3
+  left; by layers, with a line saying why, over 3 (4 heads do not divide by 3) or 1 (tp needs 2); refused, naming the runner lost and
+  the layer split's shortfall, where the one left cannot hold the model, before the old model is let go."""
+  import client.placement as pl, client.placement_tp as tp
+  kv, ts = {**llama(4, 2, 128), "llama.context_length": 64}, tensors(64, 128, 32)
+  memory = {"CPU": 64 << 20, "CPU:1": 64 << 20, "CPU:2": 64 << 20}
+  class R:
+    def __init__(self, d): self.info, self.addr = type("I", (), {"memory": memory[d]}), f"h:{d}"
+  monkeypatch.setattr(pl, "runner_of", R)
+  monkeypatch.setattr(tp, "runner_of", R)
+  monkeypatch.setattr(tp, "read_gguf", lambda path: (kv, ts))
+  done, said = [], []
+  monkeypatch.setattr(pl, "let_go", lambda drop, alive, lost, taken, say: done.append(("let go", alive)))
+  monkeypatch.setattr(pl, "from_gguf", lambda path, alive, *a, **k: (done.append(("layers", alive)), None))
+  monkeypatch.setattr(tp, "from_gguf_tp", lambda path, alive, *a, **k: (done.append(("tp", alive)), None))
+  def again(alive:tuple[str, ...]):
+    done.clear()
+    said.clear()
+    monkeypatch.setattr(pl, "survivors", lambda rs: (alive, "CPU:3 h:3", []))
+    tp.place_again_tp(None, "m.gguf", None, 64, None, said.append)
+    return done[-1], said
+  assert again(("CPU", "CPU:1")) == (("tp", ("CPU", "CPU:1")), [])
+  assert again(("CPU", "CPU:1", "CPU:2")) == (("layers", ("CPU", "CPU:1", "CPU:2")), [
+    "metal_runner: tensor parallel over 3 runners splits the attention heads, the KV heads and the FFN width 3 ways: the model's 4 attention "
+    "heads, 2 KV heads and FFN width 128 do not divide by 3: the model is split by layers instead"])
+  assert again(("CPU:1",)) == (("layers", ("CPU:1",)), ["metal_runner: tensor parallel needs 2 runners or more, and 1 answers: the model is "
+                                                         "split by layers instead"])
+  memory["CPU:1"] = 1 << 20
+  with pytest.raises(DoesNotFit) as e:
+    again(("CPU:1",))
+  assert str(e.value).startswith("metal_runner: lost CPU:3 h:3, and the model does not fit on these runners (h:CPU:1 offers 1.0 MiB"), str(e.value)
+  assert done == []   # the old model kept
 
 # *** the app over runners
 
@@ -181,3 +215,57 @@ def test_an_unknown_placement_is_refused_with_one_line(models):
                env={"METAL_RUNNER_PLACEMENT": "TP"})
     assert p.returncode == 1 and p.stderr.strip() == ("metal_runner: METAL_RUNNER_PLACEMENT=TP is not a placement: memory, tp, one, or unset "
                                                       "(by memory and speed)"), p.stderr[-3000:]
+
+@pytest.fixture(scope="module")
+def cpu_small_served(models, tmp_path_factory) -> str:
+  """tinygrad's own CPU device's answer to ask_all() for the small model at CTX, through tinygrad's server."""
+  import openai
+  from llm_app import served
+  with served([], ["--model", models["small"], "--max_context", CTX], {"DEV": "CPU"}, tmp_path_factory.mktemp("cpu") / "cpu.log") as (url, _):
+    return ask_all(openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300))
+
+@pytest.mark.slow
+def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp_over_both_again(models, cpu_small_served, tmp_path):
+  """tp over two runners, the first SIGKILLed mid-stream (the one whose device tinygrad makes a request's tokens on, where the split by
+  layers' test loses the second): the stream ends at once with an error naming it; the next request places the model again on the
+  runner left, split by layers (tp needs two: a line says so), and answers with the CPU device's text; the runner started again at its
+  port is taken back, and the next request places the model tensor parallel over both again (the one back as REMOTE:2), with the
+  same text."""
+  import openai, os, signal, time
+  from llm_app import served
+  from runner_proc import RunnerProc
+  with Runners(2) as rs:
+    log = tmp_path / "s.log"
+    with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["small"], "--max_context", CTX], TP, log) as (url, _):
+      c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
+      lost, n, t = rs.procs[0], 0, 0.0
+      with pytest.raises(openai.APIError) as e:
+        for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
+                                           max_tokens=100, stream=True):
+          if (n:=n + 1) == 3:
+            os.kill(lost.proc.pid, signal.SIGKILL)
+            t = time.perf_counter()
+      waited = time.perf_counter() - t
+      assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
+      assert waited < 5, waited   # an error, not a hang
+      assert (after:=ask_all(c)) == cpu_small_served, (after, cpu_small_served)
+      recovered = time.perf_counter() - t
+      assert lost.proc.wait(10) is not None
+      t = time.perf_counter()
+      rs.procs.append(back:=RunnerProc("-v", "--port", str(lost.port)))
+      assert back.addr == lost.addr
+      seen = until_logged(log, f"metal_runner: runner {lost.addr} answers again")
+      assert (streamed:=ask_all(c, stream=True)) == cpu_small_served, (streamed, cpu_small_served)
+      again = time.perf_counter() - t
+    text = log.read_text()
+  a, b = lost.addr, rs.procs[1].addr
+  assert (f"metal_runner: lost REMOTE {a}: placing the model again over the 1 runner(s) that remain\n"
+          f"metal_runner: tensor parallel needs 2 runners or more, and 1 answers: the model is split by layers instead\n"
+          f"placement over 1 runners: REMOTE:1 {b} blocks 0-3 and the embedding and the output norm and head, ") in text, text[-3000:]
+  assert f"metal_runner: taking back runner {a} as REMOTE:2: placing the model again over all 2 runners named\n" in text, text[-3000:]
+  lines = [s for s in text.splitlines() if s.startswith("tensor parallel over")]
+  assert len(lines) == 2, lines
+  assert all(s.startswith(f"tensor parallel over 2 runners: REMOTE{i} {a}, REMOTE:1 {b}; ") for s, i in zip(lines, ("", ":2"))), lines
+  print(f"tp, SIGKILL: the stream ended {waited:.3f} s after the signal; the next request (by layers on the runner left) answered "
+        f"{recovered:.1f} s after it; the runner started again, the server saw it answer {seen:.1f} s later, and the first request placed "
+        f"tensor parallel over both again was answered {again:.1f} s after its start")
