@@ -1,59 +1,34 @@
 # Shared test setup: the repo on sys.path, the daemon built once, CPU runners on 127.0.0.1 started and stopped by pid.
-import contextlib, functools, os, pathlib, re, select, signal, subprocess, sys, threading
+import contextlib, os, pathlib, subprocess, sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# METAL_RUNNER_BIN names a prebuilt daemon (e.g. the sanitizer build, tests/fuzz/sanitize_run.sh); otherwise make builds it
-DAEMON = pathlib.Path(os.environ.get("METAL_RUNNER_BIN") or ROOT / "daemon" / "metal_runner")
 if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
 # A token in the developer's environment, or in their ~/.metal_runner_token, is for their runner, not for the tokenless ones the tests
 # start: a client that holds one refuses every runner that does not prove it (client/connection.py). Set and empty, the variable means
 # no token at all. Tests that want a token set it themselves.
 os.environ["METAL_RUNNER_TOKEN_FILE"] = ""
+# every runner a test starts is a RunnerProc; DAEMON honours METAL_RUNNER_BIN (a prebuilt daemon, e.g. the sanitizer build)
+from runner_proc import DAEMON, METAL_BIN, RunnerProc, build_error, stop  # noqa: E402 (stop: for the tests)
 
 def pytest_configure(config):
   config.addinivalue_line("markers", "cpu_only: runs kernels on a runner with the CPU backend (any host, no GPU)")
   config.addinivalue_line("markers", "metal: runs kernels on a Metal runner (the Metal emulator on Linux, a real GPU on macOS)")
 
-@functools.cache
-def build_daemon() -> str|None:
-  """Builds daemon/metal_runner once per test session; returns why it cannot be built, or None."""
-  if os.environ.get("METAL_RUNNER_BIN"): return None if DAEMON.exists() else f"METAL_RUNNER_BIN={DAEMON} does not exist"
-  try: r = subprocess.run(["make", "-C", str(ROOT / "daemon")], capture_output=True, text=True, timeout=600)
-  except (OSError, subprocess.TimeoutExpired) as e: return f"make -C daemon failed: {e}"
-  if r.returncode != 0 or not DAEMON.exists(): return f"make -C daemon failed (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-800:]}"
-  return None
-
 @pytest.fixture(scope="session")
 def daemon_bin() -> pathlib.Path:
-  if (why:=build_daemon()) is not None: pytest.skip(f"daemon binary cannot be built: {why}")
+  if (why:=build_error()) is not None: pytest.skip(f"daemon binary cannot be built: {why}")
   return DAEMON
-
-def stop(proc:subprocess.Popen, timeout:float=5.0):
-  """Stop a runner we started, by its pid: SIGTERM, then SIGKILL if it has not exited within timeout."""
-  if proc.poll() is None:
-    proc.terminate()
-    try: proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait(timeout)
 
 @contextlib.contextmanager
 def runner(*args:str, backend:str="cpu"):
-  """A runner on 127.0.0.1 with a free port; yields (address, Popen). It leads its own process group, so a test can kill it together
-  with its session processes (os.killpg(proc.pid, ...)); only this process and its children are ever signalled."""
-  if (why:=build_daemon()) is not None: pytest.skip(f"daemon binary cannot be built: {why}")
-  proc = subprocess.Popen([str(DAEMON), "--host", "127.0.0.1", "--port", "0", "--backend", backend, *args],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
-  try:
-    line = proc.stdout.readline().decode(errors="replace") if select.select([proc.stdout], [], [], 20)[0] else ""
-    if (m:=re.match(r"listening on (127\.0\.0\.1:\d+)", line)) is None:
-      raise RuntimeError(f"runner did not start (exit code {proc.poll()}, first line {line!r})")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()   # keep reading: a full pipe would block a verbose runner
-    yield m.group(1), proc
-  finally:
-    stop(proc)
-    with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(proc.pid, signal.SIGKILL)  # session processes left behind
+  """A runner (RunnerProc) on 127.0.0.1 with a free port, its log on the test's stderr; yields (address, Popen). It leads its own process
+  group, so a test can kill it together with its session processes (os.killpg(proc.pid, ...)); only this process and its children are
+  ever signalled. Skips the test if the daemon cannot be built."""
+  if (why:=build_error()) is not None: pytest.skip(f"daemon binary cannot be built: {why}")
+  r = RunnerProc(*args, backend=backend, stdin=subprocess.DEVNULL, log=False, group=True)
+  try: yield r.addr, r.proc
+  finally: r.stop(5)
 
 @pytest.fixture(scope="session")
 def cpu_runner(daemon_bin) -> str:
@@ -76,27 +51,13 @@ def run_python(code:str, env:dict[str, str]|None=None, timeout:float=300, unset:
 # daemon/metal_runner, elsewhere daemon/metal_runner_emu, the daemon on the Metal emulator (tests/metal_emulator, a test harness).
 # A Metal test never passes without reaching a runner: one that cannot be built or reached fails the test.
 
-METAL_EMU = ROOT / "daemon" / "metal_runner_emu"
-METAL_BIN = DAEMON if sys.platform == "darwin" else METAL_EMU
-
-@functools.cache
-def build_metal() -> str|None:
-  """Builds the Metal runner once per test session; returns why it cannot be built, or None."""
-  target = "all" if sys.platform == "darwin" else "emu"
-  try: r = subprocess.run(["make", "-C", str(ROOT / "daemon"), target], capture_output=True, text=True, timeout=600)
-  except (OSError, subprocess.TimeoutExpired) as e: return f"make -C daemon {target} failed: {e}"
-  if r.returncode != 0 or not METAL_BIN.exists():
-    return f"make -C daemon {target} failed (exit {r.returncode}): {(r.stdout + r.stderr).strip()[-1500:]}"
-  return None
-
 def external_metal_runner() -> str|None:
   return os.environ.get("METAL_RUNNER", "").split(",")[0].strip() or None
 
 def metal_runner_proc(*args:str, env:dict[str, str]|None=None):
   """A Metal runner of the test's own on 127.0.0.1 (RunnerProc: .addr, .log_text(), .stop()); fails if it cannot be built."""
-  from runner_proc import RunnerProc
-  if (why:=build_metal()) is not None: pytest.fail(f"the Metal runner cannot be built, so no Metal test can run: {why}")
-  return RunnerProc("--backend", "metal", *args, binary=METAL_BIN, env=env)
+  if (why:=build_error(metal=True)) is not None: pytest.fail(f"the Metal runner cannot be built, so no Metal test can run: {why}")
+  return RunnerProc(*args, backend="metal", binary=METAL_BIN, env=env)
 
 def needs_own_metal_runner():
   if external_metal_runner(): pytest.skip("starts a Metal runner with its own options; METAL_RUNNER names one already running")

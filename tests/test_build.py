@@ -1,21 +1,18 @@
 """The CMake build (for embedding and cross builds) of the daemon and of metal_runner_emu, the Metal backend on the Metal
 emulator (tests/metal_emulator, a test harness): both build from a clean tree and start. The arm64 and riscv64 cross builds (make and
 CMake toolchain files) make binaries for that CPU; tests/test_qemu_runners.py runs them under qemu-user."""
-import re, select, shutil, subprocess, sys
+import shutil, subprocess, sys
 import pytest
 from conftest import ROOT
+from runner_proc import RunnerProc
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed (setup.sh test installs it)")]
 
 def start(exe, *args) -> str:
-  p = subprocess.Popen([str(exe), "--host", "127.0.0.1", "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
-    line = p.stdout.readline() if select.select([p.stdout], [], [], 20)[0] else ""
-    assert re.match(r"listening on 127\.0\.0\.1:\d+", line), (line, p.poll())
-  finally:
-    p.terminate()
-    p.wait(10)
-  return p.stderr.read()
+  """Starts exe as a runner (it must say it listens) and stops it; returns its log."""
+  r = RunnerProc(*args, binary=exe)
+  r.stop()
+  return "\n".join(r.log)
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the Metal emulator is for Linux; on macOS the build has the real Metal backend")
 def test_cmake_builds_daemon_and_emulator(tmp_path):

@@ -4,7 +4,8 @@ installed library), serves a tinygrad workload to a client with the token, refus
 token, and exits 0 on SIGTERM or SIGINT. tests/embed_api.c checks the library calls an embedding program relies on."""
 import contextlib, os, re, select, shutil, signal, socket, subprocess, sys, threading, time
 import pytest
-from conftest import ROOT, build_daemon, run_python
+from conftest import ROOT, run_python
+from runner_proc import build_error
 from client import connection as conn
 from client import protocol as P
 
@@ -16,7 +17,7 @@ BUILD = ROOT / "tests" / ".build"
 FRAMEWORKS = [f for fw in ("Metal", "Foundation", "CoreGraphics") for f in ("-framework", fw)] if sys.platform == "darwin" else []
 
 def make_appliance() -> str:
-  if (why := build_daemon()) is not None: pytest.skip(f"daemon library cannot be built: {why}")
+  if (why := build_error()) is not None: pytest.skip(f"daemon library cannot be built: {why}")
   r = subprocess.run(["make", "-C", str(EMBED)], capture_output=True, text=True, timeout=300)
   assert r.returncode == 0 and "warning" not in r.stdout + r.stderr, r.stdout + r.stderr
   return str(EMBED / "appliance")

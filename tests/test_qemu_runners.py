@@ -7,9 +7,10 @@ host system calls), so a confined session cannot start under qemu; test_qemu_ref
 
 Run here: the REMOTE tinygrad tests minus the ones that never reach a kernel on the runner's CPU (QEMU_SKIP), a TinyJit MLP training
 run (examples/train_mlp.py) compared with tinygrad's CPU device, crash isolation, and the CPU report (qemu's -cpu changes HWCAP)."""
-import contextlib, functools, json, os, pathlib, re, select, shutil, signal, struct, subprocess, sys, tempfile, threading
+import contextlib, functools, json, os, pathlib, re, shutil, struct, subprocess, sys, tempfile
 import pytest
 from conftest import ROOT
+from runner_proc import RunnerProc
 from client import protocol as P
 from client.connection import Runner, RunnerError, RunnerConnectionError
 from client.cpu_image import clang_arch, cpu_image
@@ -41,20 +42,10 @@ def qemu_argv(arch:str, cpu:str|None=None, sysroot:str|None=None) -> list[str]:
 @contextlib.contextmanager
 def qemu_runner(arch:str, *args:str, cpu:str|None=None, confine:bool=False, sysroot:str|None=None):
   """A runner under qemu-user on 127.0.0.1 with a free port; yields (address, Popen, log lines)."""
-  proc = subprocess.Popen(qemu_argv(arch, cpu, sysroot) + ["--host", "127.0.0.1", "--port", "0", *([] if confine else ["--no-confine"]), *args],
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-  log: list[str] = []
-  try:
-    line = proc.stdout.readline() if select.select([proc.stdout], [], [], 60)[0] else ""
-    if (m:=re.match(r"listening on (127\.0\.0\.1:\d+)", line)) is None: raise RuntimeError(f"qemu runner did not start: {line!r} {proc.poll()}")
-    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
-    yield m.group(1), proc, log
-  finally:
-    if proc.poll() is None:
-      proc.terminate()
-      try: proc.wait(10)
-      except subprocess.TimeoutExpired: proc.kill(); proc.wait(10)
-    with contextlib.suppress(ProcessLookupError, PermissionError): os.killpg(proc.pid, signal.SIGKILL)  # session processes left behind
+  *qemu, exe = qemu_argv(arch, cpu, sysroot)
+  r = RunnerProc(*([] if confine else ["--no-confine"]), *args, binary=exe, prefix=qemu, stdin=subprocess.DEVNULL, group=True, start_timeout=60)
+  try: yield r.addr, r.proc, r.log
+  finally: r.stop()
 
 @pytest.fixture(scope="module", params=ARCHS)
 def qrunner(request):
