@@ -1,6 +1,13 @@
 # Shared test setup: the repo on sys.path, the daemon built once, CPU runners on 127.0.0.1 started and stopped by pid.
-import contextlib, os, pathlib, subprocess, sys
+import contextlib, os, pathlib, signal, subprocess, sys
 import pytest
+
+# A suite started with SIGINT or SIGHUP ignored (nohup, or `./test.sh &` from a script: a shell without job control ignores SIGINT in
+# what it starts in the background) passes the ignoring on to every program it starts, across exec: the tests that send a program
+# Ctrl-C or a hangup then see it ignored. Handled here instead (Ctrl-C interrupts the suite; a hangup is still ignored by it), and a
+# handler, unlike an ignored disposition, is reset to the default in the programs the tests start.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN: signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN: signal.signal(signal.SIGHUP, lambda *_: None)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path: sys.path.insert(0, str(ROOT))
