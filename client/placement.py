@@ -156,7 +156,7 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
       for a in range(j + 1) if i else (0,):
         if j - a < least or (memory[i] is not None and need(i, a, j) > memory[i]): continue
         s, m = best[i - 1][a] if i else (0.0, 0.0)
-        if (c:=(s + cost(i, a, j), max(m, cost(i, a, j)))) < INF and better(c, best[i][j]): best[i][j], cut[i][j] = c, a
+        if better(c:=(s + (w:=cost(i, a, j)), max(m, w)), best[i][j]): best[i][j], cut[i][j] = c, a   # from an INF prefix: never better
   if best[n - 1][nb] == INF:
     offers = ", ".join(f"{addrs[i] or devices[i]} offers {mb(m) if m is not None else 'no limit'}" for i, m in enumerate(memory))
     raise DoesNotFit(f"metal_runner: the model does not fit on these runners ({offers}, per session: the runner's --session-mem): it "

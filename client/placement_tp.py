@@ -209,11 +209,12 @@ def place_again_tp(drop, path, rs, max_context, realize, say):
   from client.placement import from_gguf, layers_fit, let_go, survivors
   alive, lost, taken = survivors(rs)
   kv, infos = read_gguf(path)
+  ctx = context(kv, max_context)
   why = f"tensor parallel needs 2 runners or more, and {len(alive)} answers" if len(alive) < 2 else None
   if why is None:
-    try: plan_tp(kv, infos, alive, context(kv, max_context))
+    try: plan_tp(kv, infos, alive, ctx)
     except (DoesNotDivide, DoesNotFit) as e: why = str(e).removeprefix("metal_runner: ").split("; nothing was uploaded")[0]
-  if why is not None: layers_fit(kv, infos, alive, context(kv, max_context), lost)
+  if why is not None: layers_fit(kv, infos, alive, ctx, lost)
   let_go(drop, alive, lost, taken, say)
   if why is None: return from_gguf_tp(path, alive, max_context, realize, say=say)[0]
   say(f"metal_runner: {why}: the model is split by layers instead")
