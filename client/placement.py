@@ -174,7 +174,8 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
   parts.reverse()
   rows = [f"{p.device}: {p.what()}, KV cache {mb(p.kv)}, offers {mb(p.memory) if p.memory is not None else 'no limit'}, speed {p.speed:.2f}, "
           f"work {cost(i, p.blocks.start, p.blocks.stop) / 1e6:.1f} MB/speed" for i, p in enumerate(parts)]
-  return Placement(tuple(parts), (*why, f"headroom {mb(headroom)} per runner; ranges that fit and make a token's time (the sum of the runners' work) least:", *rows))
+  return Placement(tuple(parts), (*why, f"headroom {mb(headroom)} per runner; ranges that fit and make a token's time (the sum of the "
+                                         "runners' work) least:", *rows))
 
 def plan_gguf(kv:dict, infos:list[TensorInfo], devices:tuple[str, ...], max_context:int, speed:bool=True) -> Placement:
   """plan() for a GGUF file over devices (runners): their memory from Rhello, their speed from speeds() (speed=False: all 1.0, so the
