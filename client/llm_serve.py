@@ -23,6 +23,14 @@ def runners(server):
   if not hasattr(server, "runners"): server.runners = getattr(server.model, "runners", None)
   return server.runners
 
+def let_go_of_model(server):
+  """The server's model let go, its attributes too (its blocks, embedding, head, KV caches and JITs): tinygrad.llm's main() keeps the
+  model it loaded in a local of its own while it serves (cli.py: `model, kv = Transformer.from_gguf(...)`, then `LLMServer(..., model,
+  ...).serve_forever()`), so the first model's buffers stayed on the runners beside the one placed again, and a runner with room for
+  one model only (--session-mem) ran out of memory in the request after it."""
+  if (m:=getattr(server, "model", None)) is not None: vars(m).clear()
+  server.model = None
+
 def report_runner_faults():
   from tinygrad.llm import serve
   H = serve.Handler
@@ -43,7 +51,7 @@ def report_runner_faults():
     e, rs = getattr(self.server, "runner_fault", None), runners(self.server)
     if rs is not None and (e is not None or rs.back):
       try:   # the model again, over the runners that answer (client/placement.py place_again)
-        self.server.model = rs.place_again(lambda: setattr(self.server, "model", None))
+        self.server.model = rs.place_again(lambda: let_go_of_model(self.server))
         self.server.runner_fault = e = None
       except RuntimeError as e2: self.server.runner_fault = e = e2   # a RunnerError, or DoesNotFit: what remains cannot hold it
     if e is not None:

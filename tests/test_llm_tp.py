@@ -216,13 +216,18 @@ def test_an_unknown_placement_is_refused_with_one_line(models):
     assert p.returncode == 1 and p.stderr.strip() == ("metal_runner: METAL_RUNNER_PLACEMENT=TP is not a placement: memory, tp, one, or unset "
                                                       "(by memory and speed)"), p.stderr[-3000:]
 
-@pytest.fixture(scope="module")
-def cpu_small_served(models, tmp_path_factory) -> str:
-  """tinygrad's own CPU device's answer to ask_all() for the small model at CTX, through tinygrad's server."""
+def cpu_answer(model:str, tmp_path_factory) -> str:
+  """tinygrad's own CPU device's answer to ask_all() for a model at CTX, through tinygrad's server."""
   import openai
   from llm_app import served
-  with served([], ["--model", models["small"], "--max_context", CTX], {"DEV": "CPU"}, tmp_path_factory.mktemp("cpu") / "cpu.log") as (url, _):
+  with served([], ["--model", model, "--max_context", CTX], {"DEV": "CPU"}, tmp_path_factory.mktemp("cpu") / "cpu.log") as (url, _):
     return ask_all(openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300))
+
+@pytest.fixture(scope="module")
+def cpu_small_served(models, tmp_path_factory) -> str: return cpu_answer(models["small"], tmp_path_factory)
+
+@pytest.fixture(scope="module")
+def cpu_half_served(models, tmp_path_factory) -> str: return cpu_answer(models["half"], tmp_path_factory)
 
 @pytest.mark.slow
 def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp_over_both_again(models, cpu_small_served, tmp_path):
@@ -268,4 +273,69 @@ def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp
   assert all(s.startswith(f"tensor parallel over 2 runners: REMOTE{i} {a}, REMOTE:1 {b}; ") for s, i in zip(lines, ("", ":2"))), lines
   print(f"tp, SIGKILL: the stream ended {waited:.3f} s after the signal; the next request (by layers on the runner left) answered "
         f"{recovered:.1f} s after it; the runner started again, the server saw it answer {seen:.1f} s later, and the first request placed "
+        f"tensor parallel over both again was answered {again:.1f} s after its start")
+
+# the half model at CTX (its sizes in the plan's words): tensor parallel over two runners each holds its part of the attention and
+# feed-forward weights, 3.0 MiB, the embedding, norms and head, 0.3 MiB, half the KV cache, 0.1 MiB, and 4.0 MiB of headroom: 7.4 MiB;
+# split by layers one runner holds all 6.4 MiB of weights, 0.1 MiB of KV cache and 4.0 MiB: 10.5 MiB (and tp needs two runners). 9 MiB
+# lies between: two runners hold it tensor parallel, the one left after a loss cannot hold it at all
+HALF_MEM = "9M"
+
+@pytest.mark.slow
+def test_a_runner_lost_mid_stream_under_tp_where_the_one_left_cannot_hold_the_model_each_request_gets_503_until_it_is_back(
+    models, cpu_half_served, tmp_path):
+  """tp over two runners of --session-mem 9M, the first SIGKILLed mid-stream: the stream ends at once with an error naming it; each
+  request after it gets HTTP 503 naming the runner lost (its address) and saying what the runner left offers, 9.0 MiB, and what the
+  model needs on it, 10.5 MiB (issue 34: which runner is missing and how much memory is short), and the server stays up, keeping the
+  old model (nothing placed by layers, no line saying the model is placed again); the runner started again at its port is taken back,
+  and the next request lets the old model go, all of it (a runner of 9M holds one model, not two: tinygrad's main() still held the
+  first one, and the request after the placement ran out of memory), places the model tensor parallel over both again and answers with
+  the CPU device's text."""
+  import openai, os, signal, time, urllib.request
+  from llm_app import served
+  from runner_proc import RunnerProc
+  with Runners(2, "--session-mem", HALF_MEM) as rs:
+    log = tmp_path / "s.log"
+    with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["half"], "--max_context", CTX], TP, log) as (url, _):
+      c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
+      (lost, left), n, t = rs.procs, 0, 0.0
+      with pytest.raises(openai.APIError) as e:
+        for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
+                                           max_tokens=100, stream=True):
+          if (n:=n + 1) == 3:
+            os.kill(lost.proc.pid, signal.SIGKILL)
+            t = time.perf_counter()
+      waited = time.perf_counter() - t
+      assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
+      assert waited < 5, waited   # an error, not a hang
+      for _ in range(2):   # every request while the runner is missing
+        with pytest.raises(openai.APIStatusError) as e:
+          ask_all(c)
+        text = str(e.value)
+        assert e.value.status_code == 503 and f"lost REMOTE {lost.addr}, and the model does not fit on these runners ({left.addr} offers " \
+               "9.0 MiB, per session" in text, text
+        needs = re.search(r"plus ([\d.]+) MiB of headroom on each runner: ([\d.]+) MiB in all, in contiguous ranges of blocks; nothing was "
+                          r"uploaded; the model is not served until the runners can hold it", text)
+        assert needs and float(needs.group(1)) == 4.0 and 10.0 < float(needs.group(2)) < 11.0, text   # 1.5 MiB short of 9.0
+        with urllib.request.urlopen(url + "/models", timeout=5) as r: assert r.status == 200   # the server is up
+      refused = time.perf_counter() - t
+      assert lost.proc.wait(10) is not None
+      t = time.perf_counter()
+      rs.procs.append(back:=RunnerProc("-v", "--session-mem", HALF_MEM, "--port", str(lost.port)))
+      assert back.addr == lost.addr
+      seen = until_logged(log, f"metal_runner: runner {lost.addr} answers again")
+      assert (streamed:=ask_all(c, stream=True)) == cpu_half_served, (streamed, cpu_half_served)
+      again = time.perf_counter() - t
+      assert ask_all(c) == cpu_half_served
+    text = log.read_text()
+  a, b = lost.addr, left.addr
+  assert "placing the model again over the 1 runner(s)" not in text and "placement over" not in text, text[-3000:]
+  assert "MemoryError" not in text, text[-3000:]   # the old model let go before the new one is placed
+  assert f"metal_runner: taking back runner {a} as REMOTE:2: placing the model again over all 2 runners named\n" in text, text[-3000:]
+  lines = [s for s in text.splitlines() if s.startswith("tensor parallel over")]
+  assert len(lines) == 2, lines
+  assert all(s.startswith(f"tensor parallel over 2 runners: REMOTE{i} {a}, REMOTE:1 {b}; each runner 3.3 MiB: ")
+             for s, i in zip(lines, ("", ":2"))), lines
+  print(f"tp, SIGKILL, the runner left too small: the stream ended {waited:.3f} s after the signal; two requests refused (HTTP 503) "
+        f"{refused:.2f} s after it; the runner started again, the server saw it answer {seen:.1f} s later, and the first request placed "
         f"tensor parallel over both again was answered {again:.1f} s after its start")
