@@ -22,6 +22,12 @@ HEADROOM = 4 << 20   # bytes each runner keeps free beyond weights and KV cache:
 
 class DoesNotFit(RunnerUnavailable): pass   # one line and exit code 1 when uncaught, as for a runner that cannot be used
 
+def short(total:int, memory:list) -> str:
+  """How much memory the runners lack for a model of total bytes in all, for DoesNotFit's line ("" where a runner sets no limit)."""
+  if any(m is None for m in memory): return ""
+  if total > sum(memory): return f": {mb(total - sum(memory))} short"
+  return ": together they offer enough, but no split into contiguous ranges fits each runner's part"
+
 @dataclasses.dataclass(frozen=True)
 class Part:
   device: str
@@ -163,8 +169,8 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
                      f"needs {mb(pre[nb] + first_bytes + last_bytes)} of weights ({nb} blocks of up to {mb(max(block_bytes, default=0))}, the "
                      f"embedding {mb(first_bytes)} on the first runner, the output norm and head {mb(last_bytes)} on the last) and "
                      f"{mb(prekv[nb])} of KV cache, plus {mb(headroom)} of headroom on each runner: "
-                     f"{mb(pre[nb] + first_bytes + last_bytes + prekv[nb] + n * headroom)} "
-                     f"in all, in contiguous ranges of blocks; nothing was uploaded")
+                     f"{mb(total := pre[nb] + first_bytes + last_bytes + prekv[nb] + n * headroom)} "
+                     f"in all, in contiguous ranges of blocks{short(total, memory)}; nothing was uploaded")
   parts, j = [], nb
   for i in reversed(range(n)):
     a = cut[i][j]

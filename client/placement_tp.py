@@ -96,8 +96,9 @@ def plan_tp(kv:dict, infos:list[TensorInfo], devices:tuple[str, ...], max_contex
     offers = ", ".join(f"{a or d} offers {mb(m) if m is not None else 'no limit'}" for d, a, m in zip(devices, addrs, memory))
     raise DoesNotFit(f"metal_runner: the model does not fit on these runners tensor parallel ({offers}, per session: the runner's "
                      f"--session-mem): each runner needs its part of the attention and feed-forward weights, {mb(shard)}, the embedding, "
-                     f"norms and head, {mb(replicated)}, its share of the KV cache, {mb(kvb)}, and {mb(headroom)} of headroom: {mb(need)}; "
-                     f"nothing was uploaded")
+                     f"norms and head, {mb(replicated)}, its share of the KV cache, {mb(kvb)}, and {mb(headroom)} of headroom: {mb(need)} ("
+                     + ", ".join(f"{a or d} {mb(need - m)} short" for d, a, m in zip(devices, addrs, memory) if m is not None and need > m)
+                     + "); nothing was uploaded")
   return TPPlacement(tuple(devices), addrs, shard, replicated, kvb, why)
 
 # *** loading: each runner gets its part of each tensor's bytes, and the tensor is one tinygrad multi-device tensor of those parts

@@ -58,6 +58,10 @@ def test_a_model_that_fits_nowhere_is_refused_with_what_each_runner_offers():
     plan(DEVS[:2], [3 << 20] * 4, [1 << 20] * 4, 1 << 20, 1 << 20, [8 << 20, 8 << 20], [1.0, 1.0], ["h:1", "h:2"], headroom=2 << 20)
   assert "h:1 offers 8.0 MiB, h:2 offers 8.0 MiB" in str(e.value)
   assert "needs 14.0 MiB of weights" in str(e.value) and "4.0 MiB of KV cache" in str(e.value) and "nothing was uploaded" in str(e.value)
+  assert "22.0 MiB in all, in contiguous ranges of blocks: 6.0 MiB short;" in str(e.value)   # 14 + 4 + 2 x 2 of headroom, against 2 x 8
+  with pytest.raises(DoesNotFit) as e:   # 15 MiB against 18 in all, but no runner holds two 5 MiB pieces
+    plan(DEVS[:2], [5 << 20] * 2, [0] * 2, 5 << 20, 0, [9 << 20, 9 << 20], [1.0, 1.0], ["h:1", "h:2"], headroom=0)
+  assert "together they offer enough, but no split into contiguous ranges fits each runner's part" in str(e.value)
 
 # *** the app over runners
 
