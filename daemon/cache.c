@@ -27,9 +27,15 @@
  * directory. Each runner counts only its own stores between scans, so two
  * runners sharing one directory can pass the bound until the next scan.
  *
+ * A store is in two steps: the bytes into a temporary file as they arrive
+ * (cache_put_write), then the hash of what the file holds and the rename
+ * (cache_put_finish), which a store queue does off the session's path
+ * (storeq.c).
+ *
  * Who calls this: in a runner with process isolation, only the session's
- * cache helper process (cachelink.c), never the confined session; with
- * thread isolation, the session threads, under the locks below.
+ * cache helper process (cachelink.c) and its store queue's thread, never
+ * the confined session; with thread isolation, the session threads and
+ * the runner's store queue thread, under the locks below.
  */
 #include <sys/file.h>
 #include <sys/mman.h>
@@ -580,7 +586,6 @@ bad:
 struct cache_put {
 	int fd;
 	char tmp[64];
-	struct sha256_ctx c;
 	uint64_t len, got;
 	int failed;
 };
@@ -618,9 +623,9 @@ cache_put_begin(uint64_t len)
 	    tmp_counter++);
 	pthread_mutex_unlock(&cache_lock);
 	pp->len = len;
-	sha256_init(&pp->c);
-	/* The header is written last, once the hash is known. */
-	if ((pp->fd = openat(C.dirfd, pp->tmp, O_WRONLY | O_CREAT | O_EXCL |
+	/* The header is written last, once the hash is known; read and
+	 * write: cache_put_finish hashes what the file holds. */
+	if ((pp->fd = openat(C.dirfd, pp->tmp, O_RDWR | O_CREAT | O_EXCL |
 	    O_CLOEXEC, 0600)) == -1 || write_all(pp->fd, zero, HDR) == -1) {
 		int e = errno;
 
@@ -632,9 +637,8 @@ cache_put_begin(uint64_t len)
 }
 
 void
-cache_put_data(struct cache_put *pp, const void *p, size_t n)
+cache_put_write(struct cache_put *pp, const void *p, size_t n)
 {
-	sha256_update(&pp->c, p, n);
 	pp->got += n;
 	if (!pp->failed && write_all(pp->fd, p, n) == -1) {
 		int e = errno;
@@ -646,14 +650,15 @@ cache_put_data(struct cache_put *pp, const void *p, size_t n)
 	}
 }
 
-int
-cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
+/* The header, then the name: the file is whole before anyone can see it.
+ * Frees pp. */
+static int
+put_name(struct cache_put *pp, const uint8_t hash[PROTO_HASH_SIZE])
 {
 	char name[2 * PROTO_HASH_SIZE + 1];
 	uint8_t hdr[HDR];
 	int rc = -1, e = 0;
 
-	sha256_final(&pp->c, hash);
 	if (pp->got != pp->len)
 		pp->failed = 1;
 	if (!pp->failed) {
@@ -684,14 +689,44 @@ cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE])
 	return rc;
 }
 
+/* The SHA-256 of what the file holds, read back: mapped where the system
+ * can (the pages are in memory: no copy), else in pieces. */
+static int
+hash_file(int fd, uint64_t len, uint8_t hash[PROTO_HASH_SIZE])
+{
+	static _Thread_local uint8_t buf[1 << 16];
+	struct sha256_ctx c;
+	uint64_t off, k;
+	void *m;
+
+	if (len <= SIZE_MAX - HDR && (m = mmap(NULL, (size_t)(HDR + len),
+	    PROT_READ, MAP_SHARED, fd, 0)) != MAP_FAILED) {
+		sha256((const uint8_t *)m + HDR, (size_t)len, hash);
+		munmap(m, (size_t)(HDR + len));
+		return 0;
+	}
+	sha256_init(&c);
+	for (off = 0; off < len; off += k) {
+		k = len - off < sizeof(buf) ? len - off : sizeof(buf);
+		if (pread_all(fd, buf, (size_t)k, (off_t)(HDR + off)) == -1)
+			return -1;
+		sha256_update(&c, buf, (size_t)k);
+	}
+	sha256_final(&c, hash);
+	return 0;
+}
+
 int
-cache_put(const void *p, uint64_t len)
+cache_put_finish(struct cache_put *pp)
 {
 	uint8_t hash[PROTO_HASH_SIZE];
-	struct cache_put *pp;
 
-	if ((pp = cache_put_begin(len)) == NULL)
-		return -1;
-	cache_put_data(pp, p, (size_t)len);
-	return cache_put_end(pp, hash);
+	if (!pp->failed && pp->got == pp->len &&
+	    hash_file(pp->fd, pp->len, hash) == -1) {
+		log_warn("cache: cannot read back %" PRIu64 " bytes stored in "
+		    "%s: %s; not caching them", pp->len, C.dir,
+		    strerror(errno));
+		pp->failed = 1;
+	}
+	return put_name(pp, hash);
 }

@@ -37,12 +37,25 @@ int cache_pin(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE]);
 /* The pinned content of hash, len bytes, verified, in *out (malloc'd). */
 int cache_get(struct cache_pins *ps, const uint8_t hash[PROTO_HASH_SIZE],
     uint64_t len, uint8_t **out, char *err);
-/* Store len bytes under the SHA-256 this computes; failures are logged
- * and only mean the content is not cached. */
+/* Store len bytes under the SHA-256 this computes, in two steps: the
+ * bytes written as they come (cache_put_write), then hashed as the file
+ * holds them and named (cache_put_finish, which frees pp; a store cut
+ * short is dropped). Failures are logged and only mean the content is not
+ * cached. */
 struct cache_put *cache_put_begin(uint64_t len);
-void cache_put_data(struct cache_put *pp, const void *p, size_t n);
-int cache_put_end(struct cache_put *pp, uint8_t hash[PROTO_HASH_SIZE]);
-int cache_put(const void *p, uint64_t len);
+void cache_put_write(struct cache_put *pp, const void *p, size_t n);
+int cache_put_finish(struct cache_put *pp);
+
+/* storeq.c: the second step of stores (cache_put_finish), off the
+ * session's path, in order, by a thread of their own; at most max bytes
+ * wait (then storeq_put waits). */
+#define STOREQ_MAX (128u << 20)
+struct storeq *storeq_new(size_t max);
+void storeq_put(struct storeq *q, struct cache_put *pp, uint64_t len);
+/* Wait until all that was put is stored. */
+void storeq_drain(struct storeq *q);
+/* Drain, end the thread, free. */
+void storeq_free(struct storeq *q);
 
 /* cachelink.c: a session's way to the store. */
 /* Process isolation, in the session process before it is confined: fork

@@ -47,6 +47,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -81,6 +82,15 @@ struct cache_link {
 
 static int helper_fd = -1;	/* in a session process with a helper */
 static int helper_failed;	/* in a session process without one */
+/* Thread isolation: the runner process's one store queue. */
+static struct storeq *own_queue;
+static pthread_once_t own_queue_once = PTHREAD_ONCE_INIT;
+
+static void
+own_queue_new(void)
+{
+	own_queue = storeq_new(STOREQ_MAX);
+}
 
 static int
 rd(int fd, void *buf, size_t n)
@@ -145,27 +155,28 @@ serve_get(int fd, uint64_t len, struct cache_pins *ps)
 	return rc;
 }
 
+/* The bytes go into their file as they are read; the hash and the name
+ * come later, while the helper reads the session's next request
+ * (storeq.c). */
 static int
-serve_put(int fd, uint64_t len)
+serve_put(int fd, uint64_t len, struct storeq *sq)
 {
 	static uint8_t buf[CHUNK];
-	uint8_t hash[PROTO_HASH_SIZE];
 	struct cache_put *pp = cache_put_begin(len);
-	uint64_t k;
+	uint64_t k, left;
 
-	while (len > 0) {
-		k = len < CHUNK ? len : CHUNK;
+	for (left = len; left > 0; left -= k) {
+		k = left < CHUNK ? left : CHUNK;
 		if (rd(fd, buf, (size_t)k) == -1) {
 			if (pp != NULL)
-				cache_put_end(pp, hash);	/* short: dropped */
+				cache_put_finish(pp);	/* short: dropped */
 			return -1;
 		}
 		if (pp != NULL)
-			cache_put_data(pp, buf, (size_t)k);
-		len -= k;
+			cache_put_write(pp, buf, (size_t)k);
 	}
 	if (pp != NULL)
-		cache_put_end(pp, hash);
+		storeq_put(sq, pp, len);
 	return 0;
 }
 
@@ -173,6 +184,7 @@ static void
 helper_loop(int fd)
 {
 	struct cache_pins *ps = cache_pins_new();
+	struct storeq *sq = storeq_new(STOREQ_MAX);
 	struct req q;
 	int rc;
 
@@ -185,7 +197,7 @@ helper_loop(int fd)
 			rc = serve_get(fd, q.n, ps);
 			break;
 		case OP_PUT:
-			rc = serve_put(fd, q.n);
+			rc = serve_put(fd, q.n, sq);
 			break;
 		default:
 			rc = -1;
@@ -193,6 +205,8 @@ helper_loop(int fd)
 		if (rc == -1)
 			break;
 	}
+	/* What was put is stored before the session sees the end. */
+	storeq_free(sq);
 	cache_pins_free(ps);
 	close(fd);
 }
@@ -200,7 +214,7 @@ helper_loop(int fd)
 int
 cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 {
-	int sv[2];
+	int sv[2], sockbuf = 4 << 20;
 	pid_t child;
 #ifdef __linux__
 	pid_t session = getpid();	/* the helper's parent, checked below */
@@ -220,6 +234,10 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 		return -1;
 	}
 	helper_failed = 0;
+	/* A PUT's megabyte in few wakeups of each side, not one per default
+	 * socket buffer (about 200 KB); the system may give less. */
+	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
 	if (child != 0) {
 		/* The session: this process goes on. Its helper is reaped by
 		 * the kernel when it ends. */
@@ -275,12 +293,17 @@ cache_link_close(struct cache_link *l)
 
 	if (l == NULL)
 		return;
+	/* Thread isolation: the session's stores are done when it ends, as
+	 * with a helper (below). */
+	if (l->fd == -1)
+		storeq_drain(own_queue);
 	if (l->fd >= 0) {
-		/* The helper stores what was PUT before it reads the end of
-		 * the socket, and it dies with this process: a session that
-		 * ended right after an FCACHE write lost the content. So say
-		 * the end and give the helper up to 2 s to close its side
-		 * (shutdown, poll and read: what the confined session may). */
+		/* The helper finishes what was PUT (its store queue: at most
+		 * STOREQ_MAX bytes wait) when it reads the end of the socket,
+		 * and it dies with this process: a session that ended right
+		 * after an FCACHE write lost the content. So say the end and
+		 * give the helper up to 2 s to close its side (shutdown, poll
+		 * and read: what the confined session may). */
 		shutdown(l->fd, SHUT_WR);
 		p.fd = l->fd;
 		p.events = POLLIN;
@@ -388,10 +411,17 @@ void
 cache_link_put(struct cache_link *l, const void *p, uint64_t len)
 {
 	struct req q = { OP_PUT, 0, len };
+	struct cache_put *pp;
 
-	if (l->fd == -1)
-		cache_put(p, len);
-	else if (l->fd >= 0 && (net_send_all(l->fd, &q, sizeof(q)) == -1 ||
+	if (l->fd == -1) {
+		/* The bytes into their file now (the buffer may change once
+		 * this returns), the hash and the name later. */
+		pthread_once(&own_queue_once, own_queue_new);
+		if ((pp = cache_put_begin(len)) != NULL) {
+			cache_put_write(pp, p, (size_t)len);
+			storeq_put(own_queue, pp, len);
+		}
+	} else if (l->fd >= 0 && (net_send_all(l->fd, &q, sizeof(q)) == -1 ||
 	    net_send_all(l->fd, p, (size_t)len) == -1))
 		broken(l);
 }

@@ -422,3 +422,26 @@ def test_a_cached_write_from_a_thread_that_outlives_the_main_one(tmp_path, pool)
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
     assert until(lambda: len(files(tmp_path / "cache")) == 8 * (1 + (pool == "started"))), files(tmp_path / "cache")   # each chunk kept
   finally: r.stop()
+
+@pytest.mark.parametrize("iso", ["process", "thread"])
+def test_what_a_session_wrote_is_stored_when_its_place_is_free_again(tmp_path, iso):
+  # the runner hashes and names stored content off the session's path (daemon/storeq.c); what waits is finished before the session
+  # leaves its place (--max-sessions 1: the next session gets in only then), so a client that starts again right after finds it all,
+  # with no wait for a thread that could be stopped with the session
+  data = os.urandom(96 * MB)
+  names = [hashlib.sha256(data[i:i + MB]).digest() for i in range(0, len(data), MB)]
+  r = cache_runner(tmp_path, "--isolation", iso, "--max-sessions", "1")
+  try:
+    with Runner(r.addr) as rn:
+      rn.alloc(h := rn.new_handle(), len(data))
+      rn.write(h, 0, data)
+      rn.sync()
+    deadline = time.monotonic() + 30
+    while True:
+      try:
+        with Runner(r.addr) as rn: assert rn.have(names) == [True] * len(names)
+        break
+      except RunnerError as e:
+        if e.code != P.ELIMIT or time.monotonic() > deadline: raise
+        time.sleep(0.01)
+  finally: r.stop()
