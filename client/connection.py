@@ -40,6 +40,9 @@ WRITE_FRAME, READ_PART, READ_DEPTH = 512 << 10, 512 << 10, 2
 # its SHA-256, so a piece the runner already holds costs a 64-byte Twritehash instead of its bytes. METAL_RUNNER_CACHE=0 turns it off.
 CACHE_MIN = CACHE_CHUNK = 1 << 20
 CACHE_GROUP = 8   # chunks per Thave once a write is under way (write_cached)
+# A cached write of PROBE_MIN chunks or more first asks about a sample of PROBE of them: when the runner holds none, the write is taken
+# for new content, and its chunks go at once, unhashed, without a Thave each (write_cached, _write_new).
+PROBE_MIN, PROBE = 8, 5
 HELLO_TAG = int.from_bytes(b"\r\n\r\n", "little")   # the Thello's tag (see _hello)
 
 @dataclasses.dataclass(frozen=True)
@@ -328,6 +331,7 @@ class Runner:
     groups, a, g = [], 0, 1
     while a < len(parts): groups, a, g = groups + [(a, min(a + g, len(parts)))], a + g, min(2 * g, CACHE_GROUP)
     kn = [None] * len(parts) if known is None else [known(at + c, len(p)) for c, p in zip(cuts, parts)]
+    if self._none_held(parts, kn): return self._write_new(h, offset, parts, cuts, kn, at)
     hashes = _hash_groups([parts[a:b] for a, b in groups], [kn[a:b] for a, b in groups])
     asked: list[tuple[int, list[bytes]]|None] = [None] * len(groups)   # each group's Thave: its tag and what it asked; None: nothing
     try:
@@ -346,6 +350,25 @@ class Runner:
       self._skip.update(q[0] for q in asked if q is not None and q[0] in self._sent)
       raise
     return [(at + c, len(p), d) for c, p, d in zip(cuts, parts, (d for f in hashes for d in f.result()))]
+
+  def _none_held(self, parts:list, kn:list) -> bool:
+    """Whether a cached write of PROBE_MIN chunks or more looks all new to the runner: it holds none of PROBE chunks spread evenly over
+    it, the first and the last among them (a run of a file that moved between runners keeps most of its chunks). The sample's digests
+    that were not known are computed here, into kn."""
+    if len(parts) < PROBE_MIN: return False
+    sample = sorted({round(i * (len(parts) - 1) / (PROBE - 1)) for i in range(PROBE)})
+    new = [i for i in sample if kn[i] is None]
+    for i, d in zip(new, _digests([parts[i] for i in new], [None] * len(new))): kn[i] = d
+    return not any(self.have([kn[i] for i in sample]))
+
+  def _write_new(self, h:int, offset:int, parts:list, cuts:list, kn:list, at:int) -> list[tuple[int, int, bytes]]:
+    """write_cached's chunks when the runner holds none of them (_none_held): each a Twrite with FCACHE, sent at once, none hashed
+    here (hashing would save no byte: the host hashes a chunk only where that can save sending it, which a later write of the same
+    bytes finds, as the runner then holds them). Returns the digests that are known, for the caller to record."""
+    with self._lending():
+      for i, c in enumerate(parts):
+        self._send(P.TWRITE, (_TWRITE_DESC, h, offset+cuts[i], len(c)), P.FCACHE, [c], handle=h, offset=offset+cuts[i], count=len(c))
+    return [(at + c, len(p), d) for c, p, d in zip(cuts, parts, kn) if d is not None]
 
   def _ask(self, digests:list[bytes]) -> tuple[int, list[bytes]]|None:
     """Send a Thave, not waited for, about those of digests not known held: its tag and what it asks; None if there is nothing to ask."""

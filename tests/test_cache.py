@@ -423,6 +423,42 @@ def test_a_cached_write_from_a_thread_that_outlives_the_main_one(tmp_path, pool)
     assert until(lambda: len(files(tmp_path / "cache")) == 8 * (1 + (pool == "started"))), files(tmp_path / "cache")   # each chunk kept
   finally: r.stop()
 
+def test_a_write_new_to_the_runner_is_sent_unhashed_but_for_a_sample(tmp_path, monkeypatch):
+  # connection.write_cached: a write of PROBE_MIN chunks or more first asks (one Thave) about PROBE of them; where the runner holds
+  # none, hashing the rest would save no byte, so its chunks go at once with FCACHE, unhashed. The runner stores each under the hash it
+  # computes, and a later write of the same bytes finds its sample held: hashed whole, it is sent by hash
+  import client.connection as C
+  hashed, real = [], C._digests
+  monkeypatch.setattr(C, "_digests", lambda parts, known: (hashed.extend(k for k in known if k is None), real(parts, known))[1])
+  data = os.urandom(12 * MB)
+  r = cache_runner(tmp_path)
+  try:
+    with Runner(r.addr) as rn:
+      rn.alloc(h := rn.new_handle(), len(data))
+      rt = rn.stats()["round_trips"]
+      rn.write(h, 0, data)
+      assert (rn.stats()["round_trips"] - rt, len(hashed)) == (1, C.PROBE)   # the sample's Thave; the sample's hashes
+      out = bytearray(len(data))
+      rn.read(h, 0, out)
+    assert out == data and stored(tmp_path, data)
+    hashed.clear()
+    out, st = roundtrip(r.addr, data)
+    assert out == data and st["bytes_sent"] < MB and len(hashed) == 12, (st, len(hashed))
+  finally: r.stop()
+
+def test_a_runner_that_holds_none_of_the_sample_is_sent_every_chunk(tmp_path):
+  # the probe's cost, written down: a runner that holds chunks of a write, but none of the sampled ones (of 12 chunks: 0, 3, 6, 8
+  # and 11), is sent all of them again; the bytes still land where they belong
+  c = [os.urandom(MB) for _ in range(12)]
+  r = cache_runner(tmp_path)
+  try:
+    held = c[1] + c[5] + c[9]
+    roundtrip(r.addr, held)
+    assert stored(tmp_path, held)
+    out, st = roundtrip(r.addr, b"".join(c))
+    assert out == b"".join(c) and st["bytes_sent"] >= 12 * MB, st
+  finally: r.stop()
+
 @pytest.mark.parametrize("iso", ["process", "thread"])
 def test_what_a_session_wrote_is_stored_when_its_place_is_free_again(tmp_path, iso):
   # the runner hashes and names stored content off the session's path (daemon/storeq.c); what waits is finished before the session
