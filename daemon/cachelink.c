@@ -227,6 +227,10 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 		snprintf(err, PROTO_ERRLEN, "socketpair: %s", strerror(errno));
 		return -1;
 	}
+	/* A PUT's megabyte in few wakeups of each side, not one per default
+	 * socket buffer (about 200 KB); the system may give less. */
+	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
+	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
 	if ((child = fork()) == -1) {
 		snprintf(err, PROTO_ERRLEN, "fork: %s", strerror(errno));
 		close(sv[0]);
@@ -234,10 +238,6 @@ cache_helper_start(const struct mr_config *cfg, int clientfd, char *err)
 		return -1;
 	}
 	helper_failed = 0;
-	/* A PUT's megabyte in few wakeups of each side, not one per default
-	 * socket buffer (about 200 KB); the system may give less. */
-	setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sockbuf, sizeof(sockbuf));
-	setsockopt(sv[0], SOL_SOCKET, SO_RCVBUF, &sockbuf, sizeof(sockbuf));
 	if (child != 0) {
 		/* The session: this process goes on. Its helper is reaped by
 		 * the kernel when it ends. */
