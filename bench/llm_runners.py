@@ -15,9 +15,10 @@ runners do on two CPUs: docs/multi-runner.md); unpinned by default. Writes bench
 The upload (docs/cache.md, A model's upload): a larger GGUF (UPLOAD_MODEL, 178 MB) over two CPU runners started with --cache-dir, each
 start a fresh `python -m client run` process (upload_worker.py's timing: client/placement.py's uploads of every run of the file, back to
 back, then a sync of each runner); per rep, fresh runners and cache directories and a fresh host record, in this order: without the
-cache (METAL_RUNNER_CACHE=0), the first upload with the cache (no host record: the client hashes the file), a restart (the same runners:
-the runners' caches and the host's record), then new runners with empty caches and the host's record (a first upload to those runners
-that does not hash the file again). Ratios are per rep against the same rep's upload without the cache, then the median; bytes are what
+cache (METAL_RUNNER_CACHE=0), the first upload with the cache (no host record, and the runners hold nothing: the client hashes only
+each run's sample, connection.PROBE chunks), a restart (the same runners: their caches, and the host hashes the rest of the file once, as
+it now saves sending), then new runners with empty caches and the host's record (a first upload to those runners that hashes nothing).
+Before each start the page cache's dirty data is written out (upload()). Ratios are per rep against the same rep's upload without the cache, then the median; bytes are what
 the client sent, against the weights.
 """
 from __future__ import annotations
@@ -101,7 +102,10 @@ def unequal(dd:pathlib.Path, model:str, reps:int, tokens:int) -> list[dict]:
   return runs
 
 def upload(model:str, runners:list[Runner], records:pathlib.Path, env:dict|None=None) -> dict:
-  """One start: upload_worker.py under `python -m client run` over runners, the host's records in the folder records."""
+  """One start: upload_worker.py under `python -m client run` over runners, the host's records in the folder records. The page cache's
+  dirty data is written out first (os.sync): each start meets a disk with nothing of the earlier starts' stores still to write, which
+  the kernel does 30 s after they were made, in the middle of a later rep's upload."""
+  os.sync()
   e = {k: v for k, v in os.environ.items() if k not in ("DEV", "DEBUG", "METAL_RUNNER")}
   p = subprocess.run([sys.executable, "-m", "client", "run", "--runner", ",".join(r.addr for r in runners), str(HERE / "upload_worker.py"), model],
                      capture_output=True, text=True, cwd=str(ROOT), timeout=900,
