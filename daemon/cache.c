@@ -690,13 +690,16 @@ put_name(struct cache_put *pp, const uint8_t hash[PROTO_HASH_SIZE])
 }
 
 /* The SHA-256 of what the file holds, read back: mapped where the system
- * can (the pages are in memory: no copy), else in pieces. */
+ * can (the pages are in memory: no copy), else in pieces. (The pieces'
+ * buffer is allocated here: thread-local storage would cost every thread
+ * of the runner its size, each session's among them.) */
+#define HASH_PIECE (1 << 16)
 static int
 hash_file(int fd, uint64_t len, uint8_t hash[PROTO_HASH_SIZE])
 {
-	static _Thread_local uint8_t buf[1 << 16];
 	struct sha256_ctx c;
 	uint64_t off, k;
+	uint8_t *buf;
 	void *m;
 
 	if (len <= SIZE_MAX - HDR && (m = mmap(NULL, (size_t)(HDR + len),
@@ -705,14 +708,19 @@ hash_file(int fd, uint64_t len, uint8_t hash[PROTO_HASH_SIZE])
 		munmap(m, (size_t)(HDR + len));
 		return 0;
 	}
+	if ((buf = malloc(HASH_PIECE)) == NULL)
+		return -1;
 	sha256_init(&c);
 	for (off = 0; off < len; off += k) {
-		k = len - off < sizeof(buf) ? len - off : sizeof(buf);
-		if (pread_all(fd, buf, (size_t)k, (off_t)(HDR + off)) == -1)
+		k = len - off < HASH_PIECE ? len - off : HASH_PIECE;
+		if (pread_all(fd, buf, (size_t)k, (off_t)(HDR + off)) == -1) {
+			free(buf);
 			return -1;
+		}
 		sha256_update(&c, buf, (size_t)k);
 	}
 	sha256_final(&c, hash);
+	free(buf);
 	return 0;
 }
 

@@ -112,14 +112,16 @@ rd(int fd, void *buf, size_t n)
 
 /* ---- the helper ---- */
 
+/* After the session's earlier stores are done: what it wrote is held. */
 static int
-serve_have(int fd, uint64_t n, struct cache_pins *ps)
+serve_have(int fd, uint64_t n, struct cache_pins *ps, struct storeq *sq)
 {
 	uint8_t hashes[BATCH * PROTO_HASH_SIZE], held[BATCH];
 	uint64_t k, i;
 
 	if (n > (uint64_t)1 << 24)
 		return -1;
+	storeq_drain(sq);
 	while (n > 0) {
 		k = n < BATCH ? n : BATCH;
 		if (rd(fd, hashes, k * PROTO_HASH_SIZE) == -1)
@@ -191,7 +193,7 @@ helper_loop(int fd)
 	while (ps != NULL && rd(fd, &q, sizeof(q)) == 0) {
 		switch (q.op) {
 		case OP_HAVE:
-			rc = serve_have(fd, q.n, ps);
+			rc = serve_have(fd, q.n, ps, sq);
 			break;
 		case OP_GET:
 			rc = serve_get(fd, q.n, ps);
@@ -337,6 +339,7 @@ cache_link_have(struct cache_link *l, const uint8_t *hashes, uint32_t n,
 
 	memset(held, 0, n);
 	if (l->fd == -1) {
+		storeq_drain(own_queue);	/* as the helper's serve_have */
 		for (i = 0; i < n; i++)
 			held[i] = (uint8_t)cache_pin(l->pins,
 			    hashes + (size_t)i * PROTO_HASH_SIZE);

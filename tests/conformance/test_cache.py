@@ -132,6 +132,17 @@ def test_content_stored_by_fcache_is_not_held_for_the_session_until_an_rhave_say
   assert c.read(2, 0, 4096) == data
 
 @section("Cache")
+def test_a_thave_after_fcache_writes_holds_what_the_session_wrote(target):
+  # protocol.md, Cache: a Thave is answered after the stores of the session's earlier Twrites with FCACHE (the runner stores them
+  # while the session goes on): right after 16 writes of 1 MiB of new content, all 16 are held, with no wait between
+  t = cached(target)
+  parts = [os.urandom(1 << 20) for _ in range(16)]
+  c = t.connect()
+  c.alloc(1, 1 << 20)
+  for i, x in enumerate(parts): c.req(P.TWRITE, x, P.FCACHE, handle=1, offset=0, count=len(x))
+  assert have(c, [hashlib.sha256(x).digest() for x in parts]) == [1] * 16
+
+@section("Cache")
 def test_twritehash_takes_its_turn_among_the_writes(target):
   t = cached(target)
   data = os.urandom(8)
