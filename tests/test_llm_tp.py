@@ -230,6 +230,23 @@ def cpu_small_served(models, tmp_path_factory) -> str: return cpu_answer(models[
 @pytest.fixture(scope="module")
 def cpu_half_served(models, tmp_path_factory) -> str: return cpu_answer(models["half"], tmp_path_factory)
 
+def lost_mid_stream(c, lost) -> tuple[float, float]:
+  """A streamed chat answer through the openai client c, the runner lost killed (SIGKILL) at its third chunk: the stream must end
+  with an error that names that runner within 5 s (an error, not a hang). Returns when the signal was sent (perf_counter) and how
+  long the stream took to end after it."""
+  import openai, os, signal, time
+  n, t = 0, 0.0
+  with pytest.raises(openai.APIError) as e:
+    for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
+                                       max_tokens=100, stream=True):
+      if (n:=n + 1) == 3:
+        os.kill(lost.proc.pid, signal.SIGKILL)
+        t = time.perf_counter()
+  waited = time.perf_counter() - t
+  assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
+  assert waited < 5, waited
+  return t, waited
+
 @pytest.mark.slow
 def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp_over_both_again(models, cpu_small_served, tmp_path):
   """tp over two runners, the first SIGKILLed mid-stream (the one whose device tinygrad makes a request's tokens on, where the split by
@@ -244,16 +261,8 @@ def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp
     log = tmp_path / "s.log"
     with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["small"], "--max_context", CTX], TP, log) as (url, _):
       c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
-      lost, n, t = rs.procs[0], 0, 0.0
-      with pytest.raises(openai.APIError) as e:
-        for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
-                                           max_tokens=100, stream=True):
-          if (n:=n + 1) == 3:
-            os.kill(lost.proc.pid, signal.SIGKILL)
-            t = time.perf_counter()
-      waited = time.perf_counter() - t
-      assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
-      assert waited < 5, waited   # an error, not a hang
+      lost = rs.procs[0]
+      t, waited = lost_mid_stream(c, lost)
       assert (after:=ask_all(c)) == cpu_small_served, (after, cpu_small_served)
       recovered = time.perf_counter() - t
       assert lost.proc.wait(10) is not None
@@ -299,16 +308,8 @@ def test_a_runner_lost_mid_stream_under_tp_where_the_one_left_cannot_hold_the_mo
     log = tmp_path / "s.log"
     with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["half"], "--max_context", CTX], TP, log) as (url, _):
       c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
-      (lost, left), n, t = rs.procs, 0, 0.0
-      with pytest.raises(openai.APIError) as e:
-        for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
-                                           max_tokens=100, stream=True):
-          if (n:=n + 1) == 3:
-            os.kill(lost.proc.pid, signal.SIGKILL)
-            t = time.perf_counter()
-      waited = time.perf_counter() - t
-      assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
-      assert waited < 5, waited   # an error, not a hang
+      lost, left = rs.procs
+      t, waited = lost_mid_stream(c, lost)
       for _ in range(2):   # every request while the runner is missing
         with pytest.raises(openai.APIStatusError) as e:
           ask_all(c)
