@@ -22,7 +22,7 @@ HEADROOM = 4 << 20   # bytes each runner keeps free beyond weights and KV cache:
 
 class DoesNotFit(RunnerUnavailable): pass   # one line and exit code 1 when uncaught, as for a runner that cannot be used
 
-def short(total:int, memory:list) -> str:
+def shortfall(total:int, memory:list) -> str:
   """How much memory the runners lack for a model of total bytes in all, for DoesNotFit's line ("" where a runner sets no limit)."""
   if any(m is None for m in memory): return ""
   if total > sum(memory): return f": {mb(total - sum(memory))} short"
@@ -170,7 +170,7 @@ def plan(devices:tuple[str, ...], block_bytes:list[int], kv_bytes:list[int], fir
                      f"embedding {mb(first_bytes)} on the first runner, the output norm and head {mb(last_bytes)} on the last) and "
                      f"{mb(prekv[nb])} of KV cache, plus {mb(headroom)} of headroom on each runner: "
                      f"{mb(total := pre[nb] + first_bytes + last_bytes + prekv[nb] + n * headroom)} "
-                     f"in all, in contiguous ranges of blocks{short(total, memory)}; nothing was uploaded")
+                     f"in all, in contiguous ranges of blocks{shortfall(total, memory)}; nothing was uploaded")
   parts, j = [], nb
   for i in reversed(range(n)):
     a = cut[i][j]

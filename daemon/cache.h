@@ -47,12 +47,12 @@ void cache_put_write(struct cache_put *pp, const void *p, size_t n);
 int cache_put_finish(struct cache_put *pp);
 
 /* storeq.c: the second step of stores (cache_put_finish), off the
- * session's path, in order, by a thread of their own; at most max bytes
- * wait (then storeq_put waits). */
+ * session's path, by a thread of their own; at most STOREQ_MAX bytes
+ * wait (past it storeq_put finishes stores itself). */
 #define STOREQ_MAX (128u << 20)
-struct storeq *storeq_new(size_t max);
+struct storeq *storeq_new(void);
 void storeq_put(struct storeq *q, struct cache_put *pp, uint64_t len);
-/* Wait until all that was put is stored. */
+/* Finish all that was put (the caller helps), then return. */
 void storeq_drain(struct storeq *q);
 /* Drain, end the thread, free. */
 void storeq_free(struct storeq *q);

@@ -89,7 +89,7 @@ static pthread_once_t own_queue_once = PTHREAD_ONCE_INIT;
 static void
 own_queue_new(void)
 {
-	own_queue = storeq_new(STOREQ_MAX);
+	own_queue = storeq_new();
 }
 
 static int
@@ -186,7 +186,7 @@ static void
 helper_loop(int fd)
 {
 	struct cache_pins *ps = cache_pins_new();
-	struct storeq *sq = storeq_new(STOREQ_MAX);
+	struct storeq *sq = storeq_new();
 	struct req q;
 	int rc;
 
