@@ -367,7 +367,7 @@ def let_go(drop, alive:tuple[str, ...], lost:str, taken:list[tuple[str, str]], s
     if hasattr(alloc:=Device[d].allocator, "free_cache"): alloc.free_cache()
   default_device(alive[0])
   what = ([f"lost {lost}"] if lost else []) + [f"taking back runner {a} as {d}" for a, d in taken]
-  say(f"metal_runner: {'; '.join(what) or 'a runner failed'}: placing the model again over "
+  say(f"metal_runner: {'; '.join(what) or 'the last request failed'}: placing the model again over "
       + (f"the {len(alive)} runner(s) that remain" if lost else f"all {len(alive)} runners named"))
 
 def default_device(d:str):

@@ -3,6 +3,8 @@
   DEV=CPU python tests/llm_app.py --model M.gguf --serve PORT              # tinygrad's own CPU device
   python -m client run --runner ADDR tests/llm_app.py --model M.gguf --serve PORT
 Imported, it starts such a server (served()).
+A fault injection for the tests (a test harness, never set by users): LLM_APP_FAIL=DEVICE@N[,N...] makes the work sent to runner device
+DEVICE raise MemoryError during the Nth request, half way through a step (fail_on()).
 """
 from __future__ import annotations
 import contextlib, os, pathlib, runpy, signal, socket, subprocess, sys, time, urllib.request
@@ -45,6 +47,29 @@ def served(prefix:list[str], args:list[str], env:dict, log:pathlib.Path, timeout
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
 
+def fail_on(spec:str):
+  """LLM_APP_FAIL=DEVICE@N[,N...]: while the Nth request (from 1) runs the model, the work sent to runner device DEVICE (a JIT's graph
+  that includes it, or a kernel) raises MemoryError in place of being sent: the step ends there, as one whose allocation failed would."""
+  import tinygrad.llm.serve as serve
+  from client.graph import RemoteGraph
+  from client.remote_metal import RemoteProgram
+  device, at = spec.split("@")
+  failing, state = {int(n) for n in at.split(",")}, {"request": 0, "on": False}
+  def failed(): return MemoryError(f"{device}: made to fail by LLM_APP_FAIL (tests/llm_app.py)")
+  graph_run, program_run, run_model = RemoteGraph.__call__, RemoteProgram.__call__, serve.Handler.run_model
+  def graph(self, *args, **kwargs):
+    if state["on"] and any(d.device == device for d in self.devs): raise failed()
+    return graph_run(self, *args, **kwargs)
+  def program(self, *args, **kwargs):
+    if state["on"] and self.dev.device == device: raise failed()
+    return program_run(self, *args, **kwargs)
+  def runs(self, *args, **kwargs):
+    state["request"] += 1
+    state["on"] = state["request"] in failing
+    try: return (yield from run_model(self, *args, **kwargs))
+    finally: state["on"] = False
+  RemoteGraph.__call__, RemoteProgram.__call__, serve.Handler.run_model = graph, program, runs
+
 if __name__ == "__main__":
   sys.path.insert(0, str(ROOT))
   from client.llm_kernels import install
@@ -52,6 +77,7 @@ if __name__ == "__main__":
   if os.environ.get("METAL_RUNNER_CLIENT_RUN") == "1":   # as client run does for -m tinygrad.llm: several runners hold the model together
     from client.run import place_over_runners
     place_over_runners()
+  if spec:=os.environ.get("LLM_APP_FAIL"): fail_on(spec)
   import tinygrad.llm.serve as serve
   bind = serve.LLMServer.__init__
   serve.LLMServer.__init__ = lambda self, addr, *a: bind(self, ("127.0.0.1", addr[1]), *a)

@@ -240,6 +240,33 @@ def test_a_runner_lost_mid_stream_ends_it_with_an_error_naming_it_then_the_rest_
         f"placed over both again was answered {again:.1f} s after its start")
 
 @pytest.mark.slow
+def test_an_error_in_the_middle_of_a_request_ends_it_with_that_error_and_the_next_places_the_model_again(models, cpu_served, tmp_path):
+  """A MemoryError on the second runner half way through a step (LLM_APP_FAIL, tests/llm_app.py's fault injection), in a streamed
+  request and in one not streamed: each ends with that error (an error event; HTTP 503), the next request places the model again over
+  both runners and answers with the CPU device's text. Before, the handler died with it: the stream ended as if complete and the
+  answer not streamed was a dropped connection. A body that is not JSON gets HTTP 400 naming the error, and changes nothing."""
+  import openai, urllib.error, urllib.request
+  with Runners(2) as rs:
+    log = tmp_path / "s.log"
+    with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["small"], "--max_context", CTX],
+                {"LLM_APP_FAIL": "REMOTE:1@1,3"}, log) as (url, _):
+      for stream in (True, False):
+        with pytest.raises(openai.APIError) as e:
+          ask(url, stream)
+        assert getattr(e.value, "status_code", 503) == 503, str(e.value)
+        assert re.search(r"metal_runner: the model failed in the middle of a request \(MemoryError: REMOTE:1: made to fail by LLM_APP_FAIL "
+                         r"\(tests/llm_app.py\)\); the next request places it again", str(e.value)), str(e.value)
+        assert ask(url, not stream) == cpu_served
+      req = urllib.request.Request(url + "/chat/completions", data=b"{not json", headers={"Content-Type": "application/json"})
+      with pytest.raises(urllib.error.HTTPError) as bad:
+        urllib.request.urlopen(req, timeout=60)
+      assert bad.value.code == 400 and "the request failed before the model ran (JSONDecodeError: " in bad.value.read().decode()
+      assert ask(url, True) == ask(url, False) == cpu_served
+    text = log.read_text()
+  assert text.count("metal_runner: the last request failed: placing the model again over all 2 runners named") == 2, text[-3000:]
+  assert text.count("Traceback") == 2 and "MemoryError" in text, text[-3000:]   # each failure's, once
+
+@pytest.mark.slow
 @pytest.mark.metal
 def test_benchmark_over_two_metal_runners(models, cpu_benchmark):
   """On Linux two Metal emulator runners (a test harness running the kernels on the CPU), not a GPU."""
