@@ -49,7 +49,8 @@ class Placement:
   parts: tuple[Part, ...]
   why: tuple[str, ...]   # DEBUG=1: what was measured and how the ranges were chosen
   def device_of(self, block:int) -> str: return next(p.device for p in self.parts if block in p.blocks)
-  def __str__(self): return f"placement over {len(self.parts)} runners: " + "; ".join(p.what() for p in self.parts)
+  def __str__(self):
+    return f"placement over {len(self.parts)} runner{'s' if len(self.parts) > 1 else ''}: " + "; ".join(p.what() for p in self.parts)
 
 def mb(n:int) -> str: return f"{n / (1 << 20):.1f} MiB"
 
@@ -368,7 +369,7 @@ def let_go(drop, alive:tuple[str, ...], lost:str, taken:list[tuple[str, str]], s
   default_device(alive[0])
   what = ([f"lost {lost}"] if lost else []) + [f"taking back runner {a} as {d}" for a, d in taken]
   say(f"metal_runner: {'; '.join(what) or 'the last request failed'}: placing the model again over "
-      + (f"the {len(alive)} runner(s) that remain" if lost else f"all {len(alive)} runners named"))
+      + (f"the {len(alive)} runner(s) that remain" if lost else f"all {len(alive)} runners named" if len(alive) > 1 else "the runner named"))
 
 def default_device(d:str):
   """Tensors made without a device (tinygrad.llm's generate makes the prompt's tokens so) go to d from now on. tinygrad 0.14's default

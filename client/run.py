@@ -131,24 +131,27 @@ def stand_in_llm_kernels():
   install()
 
 PLACEMENTS = ("", "memory", "tp", "one")   # METAL_RUNNER_PLACEMENT: by memory and speed (unset), by memory alone, tensor parallel, the first runner
+                                           # alone as tinygrad loads it
 
 def place_over_runners():
-  """tinygrad.llm with several runners named: its model over all of them, a range of blocks each (client/placement.py), tensor parallel
-  (METAL_RUNNER_PLACEMENT=tp, client/placement_tp.py), or on the first alone (=one). With one, nothing of it is imported: the app runs as
-  it does on one device."""
+  """tinygrad.llm over the runners named: its model over all of them, a range of blocks each (client/placement.py), tensor parallel
+  (METAL_RUNNER_PLACEMENT=tp, client/placement_tp.py), or on the first alone as tinygrad loads it (=one). One runner gets the whole
+  model the first way too: only its tensors' bytes (tinygrad 0.14 first copies the whole file to the device), and its server keeps
+  going when the runner is lost and comes back (client/llm_serve.py)."""
   from .discovery import runner_addrs
   if (how:=os.environ.get("METAL_RUNNER_PLACEMENT", "")) not in PLACEMENTS:
     raise RunnerUnavailable(f"metal_runner: METAL_RUNNER_PLACEMENT={how} is not a placement: memory, tp, one, or unset (by memory and speed)")
-  if len(addrs:=runner_addrs()) > 1:
-    if how == "one":
+  addrs = runner_addrs()
+  if how == "one":
+    if len(addrs) > 1:
       print(f"metal_runner: the model on the first runner alone, {addrs[0]} (METAL_RUNNER_PLACEMENT=one); unused: {', '.join(addrs[1:])}",
             file=sys.stderr)
-    elif how == "tp":
-      from .placement_tp import across_runners_tp
-      across_runners_tp()
-    else:
-      from .placement import across_runners
-      across_runners()
+  elif how == "tp" and len(addrs) > 1:
+    from .placement_tp import across_runners_tp
+    across_runners_tp()
+  else:
+    from .placement import across_runners
+    across_runners()
 
 def list_devices():
   """`-m tinygrad.device`, tinygrad's list of its devices, with the runner's. Run by runpy, tinygrad/device.py would be a second copy of

@@ -178,6 +178,54 @@ def until_logged(log, text:str, timeout:float=60) -> float:
     time.sleep(0.05)
   return time.perf_counter() - t0
 
+def lost_mid_stream(c, lost) -> tuple[float, float]:
+  """A streamed chat answer through the openai client c, the runner lost killed (SIGKILL) at its third chunk: the stream must end
+  with an error that names that runner within 5 s (an error, not a hang). Returns when the signal was sent (perf_counter) and how
+  long the stream took to end after it."""
+  import openai, os, signal, time
+  n, t = 0, 0.0
+  with pytest.raises(openai.APIError) as e:
+    for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
+                                       max_tokens=100, stream=True):
+      if (n:=n + 1) == 3:
+        os.kill(lost.proc.pid, signal.SIGKILL)
+        t = time.perf_counter()
+  waited = time.perf_counter() - t
+  assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
+  assert waited < 5, waited
+  return t, waited
+
+@pytest.mark.slow
+def test_one_runner_lost_mid_stream_ends_it_with_an_error_then_503_until_it_answers_again(models, cpu_served, tmp_path):
+  """One runner named: the model is placed on it as over several (client/run.py), so its server keeps going when the runner is lost.
+  SIGKILL mid-stream: the stream ends at once with an error naming the runner; each request while it is missing gets HTTP 503 that says
+  every runner is lost; the runner started again at its port is taken back (as REMOTE:1) and the next request is answered with the CPU
+  device's text. Before, tinygrad's own server ran over one runner: the stream ended as if complete and every later request was a
+  dropped connection, until the server was started again."""
+  import openai, time
+  with Runners(1) as rs:
+    log = tmp_path / "s.log"
+    with served(["-m", "client", "run", "--runner", rs.addr], ["--model", models["small"], "--max_context", CTX], {}, log) as (url, _):
+      c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300)
+      assert ask(url, False) == cpu_served
+      lost = rs.procs[0]
+      lost_mid_stream(c, lost)
+      for _ in range(2):
+        with pytest.raises(openai.APIStatusError) as e:
+          ask(url, False)
+        assert e.value.status_code == 503 and f"every runner is lost (REMOTE {lost.addr})" in str(e.value), str(e.value)
+      assert lost.proc.wait(10) is not None
+      t = time.perf_counter()
+      rs.procs.append(back:=RunnerProc("-v", "--port", str(lost.port)))
+      until_logged(log, f"metal_runner: runner {back.addr} answers again")
+      assert ask(url, True) == ask(url, False) == cpu_served
+      again = time.perf_counter() - t
+    text = log.read_text()
+  assert f"metal_runner: taking back runner {lost.addr} as REMOTE:1: placing the model again over the runner named" in text, text[-3000:]
+  lines = [s for s in text.splitlines() if s.startswith("placement over")]
+  assert len(lines) == 2 and all(s.startswith("placement over 1 runner: ") for s in lines), text[-3000:]
+  print(f"one runner: the runner started again was serving {again:.1f} s after its start")
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig,mem", [("SIGKILL", None), ("SIGTERM", "9M")])
 def test_a_runner_lost_mid_stream_ends_it_with_an_error_naming_it_then_the_rest_serve_if_they_can_and_it_is_taken_back(models, cpu_half_served,

@@ -4,7 +4,7 @@
 import re
 import pytest
 from ggufgen import write
-from test_llm_runners import Runners, ask_all, python, texts, until_logged
+from test_llm_runners import Runners, ask_all, lost_mid_stream, python, texts, until_logged
 
 CTX = "64"
 TP = {"METAL_RUNNER_PLACEMENT": "tp"}
@@ -229,23 +229,6 @@ def cpu_small_served(models, tmp_path_factory) -> str: return cpu_answer(models[
 
 @pytest.fixture(scope="module")
 def cpu_half_served(models, tmp_path_factory) -> str: return cpu_answer(models["half"], tmp_path_factory)
-
-def lost_mid_stream(c, lost) -> tuple[float, float]:
-  """A streamed chat answer through the openai client c, the runner lost killed (SIGKILL) at its third chunk: the stream must end
-  with an error that names that runner within 5 s (an error, not a hang). Returns when the signal was sent (perf_counter) and how
-  long the stream took to end after it."""
-  import openai, os, signal, time
-  n, t = 0, 0.0
-  with pytest.raises(openai.APIError) as e:
-    for _ in c.chat.completions.create(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0,
-                                       max_tokens=100, stream=True):
-      if (n:=n + 1) == 3:
-        os.kill(lost.proc.pid, signal.SIGKILL)
-        t = time.perf_counter()
-  waited = time.perf_counter() - t
-  assert n >= 3 and lost.addr in str(e.value), (n, str(e.value))
-  assert waited < 5, waited
-  return t, waited
 
 @pytest.mark.slow
 def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp_over_both_again(models, cpu_small_served, tmp_path):
