@@ -133,7 +133,7 @@ def test_a_model_that_fits_nowhere_is_refused_before_any_upload(models):
     assert "Traceback" not in p.stderr
     assert all(n < 4096 for n in rs.bytes_in()), rs.bytes_in()   # the handshakes, no weights
 
-def ask(url:str, stream:bool, timeout:float=120) -> str:
+def ask(url:str, stream:bool, timeout:float=300) -> str:
   import openai
   c = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=timeout)
   args = dict(model="ggufgen-llama", messages=[{"role": "user", "content": "Hello world"}], temperature=0, max_tokens=12)
