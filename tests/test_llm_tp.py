@@ -259,7 +259,7 @@ def test_a_runner_lost_mid_stream_under_tp_the_one_left_serves_by_layers_then_tp
   a, b = lost.addr, rs.procs[1].addr
   assert (f"metal_runner: lost REMOTE {a}: placing the model again over the 1 runner(s) that remain\n"
           f"metal_runner: tensor parallel needs 2 runners or more, and 1 answers: the model is split by layers instead\n"
-          f"placement over 1 runners: REMOTE:1 {b} blocks 0-3 and the embedding and the output norm and head, ") in text, text[-3000:]
+          f"placement over 1 runner: REMOTE:1 {b} blocks 0-3 and the embedding and the output norm and head, ") in text, text[-3000:]
   assert f"metal_runner: taking back runner {a} as REMOTE:2: placing the model again over all 2 runners named\n" in text, text[-3000:]
   lines = [s for s in text.splitlines() if s.startswith("tensor parallel over")]
   assert len(lines) == 2, lines
