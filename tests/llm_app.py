@@ -15,7 +15,11 @@ OWN_VARS = ("METAL_RUNNER", "METAL_RUNNER_TOKEN_FILE", "DEV", "DEBUG", "BEAM", "
 def env_for(env:dict) -> dict:
   """The environment for a child: none of ours (a developer's runner, token, DEV), the repository importable, no token, then env."""
   e = {k: v for k, v in os.environ.items() if k not in OWN_VARS}
-  return {**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", **env}
+  # BEAM_MAX_TASKS_PER_CHILD: tinygrad 0.14's compile pool replaces a worker after 16 tasks from a thread of its own, and sets
+  # __main__.__file__ to None while it does (engine/worker.py _without_main); tinygrad.llm's warm-up runs at DEBUG=1, whose
+  # inspect.stack() in the main thread then fails (TypeError: <module '__main__' from None> is a built-in module) about one start in
+  # four here. Workers kept for good, none is started from that thread.
+  return {**e, "PYTHONPATH": str(ROOT), "METAL_RUNNER_TOKEN_FILE": "", "BEAM_MAX_TASKS_PER_CHILD": "1000000", **env}
 
 def free_port() -> int:
   with socket.socket() as s:
